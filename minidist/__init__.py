@@ -1,0 +1,29 @@
+"""minidist: distributed deep-learning training, from send/recv up, for learning.
+
+    import minidist as md
+
+    def work(comm):
+        x = torch.full((4,), float(comm.rank))
+        comm.send(x, dst=(comm.rank + 1) % comm.world_size)
+        ...
+
+    md.launch(work, world_size=4)
+
+See docs/architecture.md for the layers and where each thing lives.
+"""
+
+from .comm import ANY_SOURCE, UNDEFINED, Communicator, Request
+from .errors import (CommError, CommTimeout, MessageMismatchError, MinidistError,
+                     WorkerError)
+from .launch import Results, launch
+from .runtime import init
+from .stats import CommStats, PeerStats
+from .trace import Timeline, plot_gantt, to_chrome_trace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ANY_SOURCE", "UNDEFINED", "Communicator", "Request", "CommError", "CommTimeout",
+    "MessageMismatchError", "MinidistError", "WorkerError", "Results", "launch", "init",
+    "CommStats", "PeerStats", "Timeline", "plot_gantt", "to_chrome_trace",
+]

@@ -1,0 +1,215 @@
+"""The shared-memory segment behind the ``local`` backend.
+
+One POSIX shared-memory segment holds everything the ranks share, so that any process that
+knows its name can attach (forked children, spawned children, scripts under ``minidist run``):
+
+    [ header | doorbells: one per rank | channel heads/tails | one byte ring per (src, dst) ]
+
+Each ordered pair of ranks owns a single-producer single-consumer ring of ``ring_bytes``.
+The sender advances ``head`` after writing, the receiver advances ``tail`` after reading;
+both counters only grow, so ``head - tail`` is the number of unread bytes. On x86 aligned
+8-byte stores are atomic and stores are not reordered with stores, which is all this needs.
+
+Waiting is not busy spinning: a rank that has nothing to do sleeps on its doorbell, a 32-bit
+futex word (Linux) that any peer bumps and wakes after it writes data or frees ring space.
+Where futexes are missing (macOS) the sleep degrades to short naps.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import platform
+import secrets
+import sys
+import time
+
+import numpy as np
+
+try:
+    import _posixshmem  # CPython's shm_open/shm_unlink, also on macOS
+except ImportError:  # pragma: no cover - Windows
+    _posixshmem = None
+
+MAGIC = 0x6D696E6964697374  # "minidist"
+HEADER_BYTES = 4096
+LINE = 64  # one cache line: counters written by different ranks never share one
+MIN_RING, MAX_RING = 256 * 1024, 8 * 1024 * 1024
+
+# header words (int64): magic, world_size, ring_bytes, then one "attached" word per rank
+_H_MAGIC, _H_WORLD, _H_RING, _H_ATTACHED = 0, 1, 2, 8
+MAX_WORLD = (HEADER_BYTES // 8) - _H_ATTACHED
+
+
+def ring_bytes_for(world_size: int, shm_free: int | None = None) -> int:
+    """Pick each channel's ring size: as large as 8 MiB, within a quarter of free /dev/shm."""
+    if shm_free is None:
+        shm_free = _shm_free_bytes()
+    budget = min(2 << 30, shm_free // 4)
+    size = MAX_RING
+    while size > MIN_RING and size * world_size * world_size > budget:
+        size //= 2
+    return size
+
+
+def _shm_free_bytes() -> int:
+    try:
+        st = os.statvfs("/dev/shm")
+        return st.f_bavail * st.f_frsize
+    except OSError:
+        return 1 << 34  # no /dev/shm to ask (macOS): assume plenty
+
+
+class Segment:
+    """The mapped segment; ``create`` makes a new one, ``attach`` maps an existing one."""
+
+    def __init__(self, name: str, mm: mmap.mmap, world_size: int, ring_bytes: int, owner: bool):
+        self.name, self.mm, self.owner = name, mm, owner
+        self.world_size, self.ring_bytes = world_size, ring_bytes
+        self.buf = np.frombuffer(mm, dtype=np.uint8)
+        self.base = self.buf.ctypes.data  # address of byte 0, for memmove and futex
+        p = world_size
+        self.header = np.ndarray((HEADER_BYTES // 8,), np.int64, mm, 0)
+        self.bells_offset = HEADER_BYTES
+        # channel c's head sits at ctl_offset + 128c, its tail one cache line later
+        self.ctl_offset = self.bells_offset + p * LINE
+        self.rings_offset = _align(self.ctl_offset + p * p * 2 * LINE, 4096)
+
+    @staticmethod
+    def size_for(world_size: int, ring_bytes: int) -> int:
+        p = world_size
+        return _align(HEADER_BYTES + p * LINE + p * p * 2 * LINE, 4096) + p * p * ring_bytes
+
+    @classmethod
+    def create(cls, world_size: int, ring_bytes: int | None = None) -> Segment:
+        if not 1 <= world_size <= MAX_WORLD:
+            raise ValueError(f"the local backend supports 1 to {MAX_WORLD} ranks, "
+                             f"got world_size={world_size}")
+        ring = ring_bytes or ring_bytes_for(world_size)
+        size = cls.size_for(world_size, ring)
+        if size > _shm_free_bytes():
+            raise MemoryError(f"/dev/shm has {_shm_free_bytes() >> 20} MiB free, the local "
+                              f"backend needs {size >> 20} MiB for {world_size} ranks")
+        name = f"/md-{os.getpid()}-{secrets.token_hex(4)}"
+        fd = _shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR)
+        try:
+            os.ftruncate(fd, size)  # sparse: pages are only allocated when touched
+            mm = mmap.mmap(fd, size)
+        except BaseException:
+            _shm_unlink(name)
+            raise
+        finally:
+            os.close(fd)
+        seg = cls(name, mm, world_size, ring, owner=True)
+        seg.header[_H_WORLD], seg.header[_H_RING] = world_size, ring
+        seg.header[_H_MAGIC] = MAGIC
+        return seg
+
+    @classmethod
+    def attach(cls, name: str) -> Segment:
+        fd = _shm_open(name, os.O_RDWR)
+        try:
+            mm = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        head = np.ndarray((3,), np.int64, mm, 0)
+        if int(head[_H_MAGIC]) != MAGIC:
+            raise RuntimeError(f"shared memory segment {name} is not a minidist segment")
+        world, ring = int(head[_H_WORLD]), int(head[_H_RING])
+        del head
+        return cls(name, mm, world, ring, owner=False)
+
+    # -- bookkeeping ------------------------------------------------------------------------
+    def mark_attached(self, rank: int) -> None:
+        self.header[_H_ATTACHED + rank] = 1
+
+    def all_attached(self) -> bool:
+        return bool(self.header[_H_ATTACHED:_H_ATTACHED + self.world_size].all())
+
+    def channel(self, src: int, dst: int) -> int:
+        return src * self.world_size + dst
+
+    def ring_offset(self, c: int) -> int:
+        return self.rings_offset + c * self.ring_bytes
+
+    def unlink(self) -> None:
+        """Remove the name; the memory lives on until the last process unmaps it."""
+        _shm_unlink(self.name)
+
+    def close(self) -> None:
+        self.header = self.buf = None
+        try:
+            self.mm.close()
+        except BufferError:  # a numpy view still exists somewhere; the OS unmaps at exit
+            pass
+
+    # -- doorbells --------------------------------------------------------------------------
+    def word64(self, offset: int) -> ctypes.c_int64:
+        """A view of the 8-byte counter at ``offset``; reading ``.value`` is cheap."""
+        return ctypes.c_int64.from_address(self.base + offset)
+
+    def head_tail(self, c: int) -> tuple[ctypes.c_int64, ctypes.c_int64]:
+        off = self.ctl_offset + c * 2 * LINE
+        return self.word64(off), self.word64(off + LINE)
+
+    def bell(self, rank: int) -> ctypes.c_uint32:
+        return ctypes.c_uint32.from_address(self.base + self.bells_offset + rank * LINE)
+
+    def ring_bell(self, bell: ctypes.c_uint32) -> None:
+        """Tell the bell's owner that something it may be waiting for has changed."""
+        bell.value = (bell.value + 1) & 0xFFFFFFFF
+        _futex_wake(ctypes.addressof(bell))
+
+    @staticmethod
+    def sleep_on_bell(bell: ctypes.c_uint32, seen: int, seconds: float) -> None:
+        """Sleep until ``bell`` differs from ``seen``, it is rung, or ``seconds`` pass."""
+        _futex_wait(ctypes.addressof(bell), seen, seconds)
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def _shm_open(name: str, flags: int) -> int:
+    if _posixshmem is not None:
+        return _posixshmem.shm_open(name, flags, 0o600)
+    raise OSError("POSIX shared memory is not available on this platform")  # pragma: no cover
+
+
+def _shm_unlink(name: str) -> None:
+    try:
+        _posixshmem.shm_unlink(name)
+    except FileNotFoundError:
+        pass
+
+
+# -- futex ---------------------------------------------------------------------------------
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "arm64": 98, "ppc64le": 221, "s390x": 238,
+              "riscv64": 98}.get(platform.machine())
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # not the PRIVATE variants: the word is shared between processes
+
+if sys.platform.startswith("linux") and _SYS_FUTEX is not None:
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _syscall = _libc.syscall
+    _syscall.restype = ctypes.c_long
+
+    def _futex_wake(addr: int) -> None:
+        _syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+
+    def _futex_wait(addr: int, seen: int, seconds: float) -> None:
+        ts = _Timespec(int(seconds), int((seconds % 1) * 1e9))
+        _syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAIT, ctypes.c_uint32(seen),
+                 ctypes.byref(ts), None, 0)
+else:  # pragma: no cover - no futex: nap briefly and let the caller re-check
+
+    def _futex_wake(addr: int) -> None:
+        pass
+
+    def _futex_wait(addr: int, seen: int, seconds: float) -> None:
+        if ctypes.c_uint32.from_address(addr).value == seen:
+            time.sleep(min(seconds, 0.0002))

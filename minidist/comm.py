@@ -1,0 +1,264 @@
+"""The Communicator: point-to-point messages between the ranks of a group.
+
+Names follow torch.distributed (``send``, ``recv``, ``dst``, ``src``) and mpi4py
+(``split(color, key)``, ``ANY_SOURCE``, ranks local to their communicator). A Communicator
+checks what the user passed, translates local ranks to the transport's global ranks, keeps
+the byte counters (``stats``) and the timeline, and turns a wait that lasts too long into a
+``CommTimeout`` that names the operation, the peer and the tag.
+
+The transport underneath (``backends/local.py`` or ``backends/torch_backend.py``) moves bytes
+between global ranks; messages carry a context id (``ctx``) so that traffic on a split-off
+communicator never matches a receive on its parent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+
+import torch
+
+from . import tensors
+from .errors import CommTimeout, MessageMismatchError
+from .stats import CommStats
+from .trace import Timeline
+
+ANY_SOURCE = -1
+UNDEFINED = None  # split(color=UNDEFINED) leaves the rank out, as MPI_UNDEFINED does
+_WORLD_CTX = 2  # user contexts are even; ctx + 1 carries barrier/split control messages
+_EMPTY = torch.empty(0, dtype=torch.uint8)
+log = logging.getLogger("minidist")
+
+
+class Request:
+    """A pending ``isend``/``irecv``; ``wait()`` blocks until done (returns the source rank
+    for a receive) and ``test()`` says whether it is done without blocking."""
+
+    def __init__(self, comm, raw, op: str, peer: int | None, tag: int, nbytes: int,
+                 unstage=None, count: bool = True):
+        self.comm, self.raw, self.op, self.peer, self.tag = comm, raw, op, peer, tag
+        self.nbytes, self.unstage, self.count = nbytes, unstage, count
+        self.is_recv = op == "irecv"
+        self.start = time.perf_counter()
+        self.source: int | None = None
+        self._finished = False
+
+    def test(self) -> bool:
+        if not self._finished and self.comm._transport.test(self.raw):
+            self._finish()
+        return self._finished
+
+    def wait(self, timeout: float | None = None, op: str | None = None) -> int | None:
+        """Block until done; raises ``CommTimeout`` after ``timeout`` (default: the comm's).
+
+        ``op`` names the blocking call in the error (``"recv"`` rather than ``"irecv"``).
+        """
+        if op is not None:
+            self.op = op
+        if not self._finished:
+            limit = self.comm.timeout if timeout is None else timeout
+            if not self.comm._transport.wait(self.raw, limit):
+                raise CommTimeout(self.op, self.peer, self.tag, limit, self.comm.rank)
+            self._finish()
+        return self.source
+
+    def _finish(self) -> None:
+        self._finished = True
+        comm = self.comm
+        if self.is_recv:
+            self.source = comm._check_received(self)
+            if self.unstage is not None:
+                self.unstage()
+            if self.count:
+                comm.stats.on_recv(self.source, self.nbytes)
+        if self.count:
+            peer = self.peer if self.peer is not None else self.source
+            comm.timeline.record(self.op, self.op, self.start, time.perf_counter(),
+                                 self.nbytes, peer)
+
+
+class Communicator:
+    """A group of ranks that exchange messages. Create one with ``md.launch`` or ``md.init``."""
+
+    def __init__(self, transport, group: tuple[int, ...], rank: int, ctx: int = _WORLD_CTX,
+                 timeout: float = 60.0, device: torch.device | str = "cpu",
+                 timeline: Timeline | None = None):
+        self._transport = transport
+        self._group = tuple(group)
+        self._local = {g: i for i, g in enumerate(self._group)}
+        self._rank, self._ctx = rank, ctx
+        self.timeout = float(timeout)
+        self.device = torch.device(device)
+        self.stats = CommStats(len(self._group))
+        self.timeline = timeline if timeline is not None else Timeline(transport.rank)
+        self._n_splits = 0
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return len(self._group)
+
+    @property
+    def backend(self) -> str:
+        return self._transport.name
+
+    @property
+    def global_rank(self) -> int:
+        """This rank's number in the world communicator it was split from."""
+        return self._transport.rank
+
+    def __repr__(self) -> str:
+        return (f"Communicator(rank={self.rank}, world_size={self.world_size}, "
+                f"backend={self.backend!r}, device={str(self.device)!r})")
+
+    # -- point to point ---------------------------------------------------------------------
+    def send(self, tensor, dst: int, tag: int = 0) -> None:
+        """Send ``tensor`` to rank ``dst``; returns once the tensor may be reused."""
+        self.isend(tensor, dst, tag).wait(op="send")
+
+    def recv(self, tensor, src: int = ANY_SOURCE, tag: int = 0) -> int:
+        """Receive into ``tensor`` (same dtype and size as the message); returns the source."""
+        return self.irecv(tensor, src, tag).wait(op="recv")
+
+    def isend(self, tensor, dst: int, tag: int = 0) -> Request:
+        """Start sending; the tensor must stay unchanged until ``wait()`` returns."""
+        return self._isend(tensor, dst, tag, self._ctx, count=True)
+
+    def irecv(self, tensor, src: int = ANY_SOURCE, tag: int = 0) -> Request:
+        """Start receiving into ``tensor``; ``wait()`` returns the source rank."""
+        return self._irecv(tensor, src, tag, self._ctx, count=True)
+
+    def sendrecv(self, send_tensor, dst: int, recv_tensor, src: int = ANY_SOURCE,
+                 send_tag: int = 0, recv_tag: int | None = None) -> int:
+        """Send to ``dst`` and receive from ``src`` at once, without deadlock (a ring step)."""
+        recv_tag = send_tag if recv_tag is None else recv_tag
+        start = time.perf_counter()
+        rreq = self.irecv(recv_tensor, src, recv_tag)
+        sreq = self.isend(send_tensor, dst, send_tag)
+        sreq.wait(op="sendrecv")
+        source = rreq.wait(op="sendrecv")
+        self.timeline.record("sendrecv", "sendrecv", start, time.perf_counter(),
+                             sreq.nbytes, self._group[dst])
+        return source
+
+    def _isend(self, tensor, dst: int, tag: int, ctx: int, count: bool) -> Request:
+        t = tensors.as_tensor(tensor, "send buffer")
+        self._check_peer(dst, "dst")
+        _check_tag(tag)
+        if t.is_cuda and not self._transport.cuda_native:  # staged through host memory
+            t = t.cpu()
+        n = tensors.nbytes(t)
+        if count:
+            self.stats.on_send(dst, n)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("rank %d -> %d: %s %s (%d bytes), tag %d", self.rank, dst,
+                      str(t.dtype).replace("torch.", ""), tuple(t.shape), n, tag)
+        raw = self._transport.isend(t, self._group[dst], ctx, tag, tensors.DTYPE_CODE[t.dtype])
+        return Request(self, raw, "isend", dst, tag, n, count=count)
+
+    def _irecv(self, tensor, src: int, tag: int, ctx: int, count: bool) -> Request:
+        t = tensors.as_tensor(tensor, "receive buffer")
+        if src != ANY_SOURCE:
+            self._check_peer(src, "src")
+        _check_tag(tag)
+        target, unstage = t, None
+        if t.is_cuda and not self._transport.cuda_native:
+            target = torch.empty(t.shape, dtype=t.dtype)
+            unstage = lambda: t.copy_(target)  # noqa: E731
+        gsrc = self._group[src] if src != ANY_SOURCE else ANY_SOURCE
+        raw = self._transport.irecv(target, gsrc, ctx, tag, tensors.DTYPE_CODE[t.dtype])
+        peer = None if src == ANY_SOURCE else src
+        return Request(self, raw, "irecv", peer, tag, tensors.nbytes(t), unstage, count)
+
+    def _check_received(self, req: Request) -> int:
+        raw = req.raw
+        source = self._local.get(raw.source, raw.source)
+        if raw.mismatch:
+            raise MessageMismatchError(
+                f"rank {self.rank}: the message from rank {source} (tag {req.tag}) holds "
+                f"{raw.msg_nbytes} bytes of {tensors.dtype_name(raw.msg_code)}, but the "
+                f"receive buffer holds {raw.nbytes} bytes of {tensors.dtype_name(raw.code)}; "
+                "sender and receiver must use the same dtype and number of elements")
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("rank %d <- %d: %d bytes, tag %d", self.rank, source, raw.nbytes, req.tag)
+        return source
+
+    def _check_peer(self, peer, what: str) -> None:
+        if isinstance(peer, bool) or not isinstance(peer, int):
+            if not hasattr(peer, "__index__"):
+                raise TypeError(f"{what} must be an integer rank, got {type(peer).__name__}")
+        if not 0 <= int(peer) < self.world_size:
+            raise ValueError(f"{what}={peer} is outside the communicator: world_size is "
+                             f"{self.world_size}, so valid ranks are 0..{self.world_size - 1}")
+
+    # -- group operations -------------------------------------------------------------------
+    def barrier(self) -> None:
+        """Wait until every rank has reached the barrier.
+
+        Dissemination barrier (Hensgen, Finkel and Manber 1988): in round k, rank r signals
+        r + 2^k and waits for r - 2^k; after ceil(log2 p) rounds everyone has heard, directly
+        or not, from everyone. Cost: ceil(log2 p) * alpha.
+        """
+        start, p, k = time.perf_counter(), self.world_size, 1
+        while k < p:
+            dst, src = (self.rank + k) % p, (self.rank - k) % p
+            r = self._irecv(_EMPTY, src, -k, self._ctx + 1, count=False)
+            self._isend(_EMPTY, dst, -k, self._ctx + 1, count=False).wait(op="barrier")
+            r.wait(op="barrier")
+            k *= 2
+        self.timeline.record("barrier", "barrier", start, time.perf_counter())
+
+    def split(self, color: int | None, key: int | None = None) -> Communicator | None:
+        """Partition the ranks by ``color``; order each part by ``(key, rank)`` (mpi4py).
+
+        Every rank must call it. A rank passing ``color=None`` (``md.UNDEFINED``) gets None.
+        """
+        if color is not None and (not isinstance(color, int) or color < 0):
+            raise ValueError(f"color must be a non-negative int or None, got {color!r}")
+        key = self.rank if key is None else key
+        if not isinstance(key, int):
+            raise TypeError(f"key must be an int, got {type(key).__name__}")
+        table = self._allgather_ints([-1 if color is None else color, key])
+        self._n_splits += 1
+        if color is None:
+            return None
+        members = sorted((k, r) for r, (c, k) in enumerate(table) if c == color)
+        ranks = [r for _, r in members]
+        ctx = _child_ctx(self._ctx, self._n_splits, color)
+        return Communicator(self._transport, tuple(self._group[r] for r in ranks),
+                            ranks.index(self.rank), ctx, self.timeout, self.device,
+                            self.timeline)
+
+    def _allgather_ints(self, values: list[int]) -> list[list[int]]:
+        """Every rank's small int vector, by rank (control traffic, not in ``stats``)."""
+        mine = torch.tensor(values, dtype=torch.int64)
+        out = [mine.clone() if r == self.rank else torch.empty_like(mine)
+               for r in range(self.world_size)]
+        recvs = [self._irecv(out[r], r, -1, self._ctx + 1, count=False)
+                 for r in range(self.world_size) if r != self.rank]
+        sends = [self._isend(mine, r, -1, self._ctx + 1, count=False)
+                 for r in range(self.world_size) if r != self.rank]
+        for req in sends + recvs:
+            req.wait(op="split")
+        return [t.tolist() for t in out]
+
+    def close(self) -> None:
+        self._transport.close()
+
+
+def _check_tag(tag) -> None:
+    if isinstance(tag, bool) or not hasattr(tag, "__index__"):
+        raise TypeError(f"tag must be an int, got {type(tag).__name__}")
+    if not -(2**62) <= int(tag) < 2**62:
+        raise ValueError(f"tag {tag} is out of range")
+
+
+def _child_ctx(parent: int, n: int, color: int) -> int:
+    """A context id every member computes alike: a hash of (parent, split count, color)."""
+    digest = hashlib.blake2b(f"{parent}/{n}/{color}".encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 2) << 1  # even, positive, < 2**63

@@ -1,0 +1,71 @@
+"""The exceptions minidist raises. Each one names the mistake, the rank and the peer."""
+
+from __future__ import annotations
+
+
+class MinidistError(Exception):
+    """Base class of every minidist error."""
+
+
+class CommError(MinidistError):
+    """A communication operation failed."""
+
+
+class CommTimeout(CommError, TimeoutError):
+    """A blocking operation waited longer than the communicator's timeout.
+
+    Carries ``op`` (``"recv"``, ``"send"``, ``"barrier"``...), ``peer`` (a rank, or ``None``
+    for any source), ``tag`` and ``timeout`` so that a deadlock reads as a sentence.
+    """
+
+    def __init__(self, op: str, peer: int | None, tag: int | None, timeout: float, rank: int = -1):
+        self.op, self.peer, self.tag, self.timeout, self.rank = op, peer, tag, timeout, rank
+        who = "any rank" if peer is None else f"rank {peer}"
+        where = f"rank {rank}: " if rank >= 0 else ""
+        if "recv" in op:
+            hint = f"{who} never sent a matching message (same tag, same communicator)"
+        elif "send" in op:
+            hint = f"{who} never received it"
+        else:
+            hint = "not every rank reached it"
+        tag_txt = "" if tag is None else f" (tag {tag})"
+        super().__init__(
+            f"{where}{op} with {who}{tag_txt} timed out after {timeout:g} s: {hint}. "
+            "Is every rank waiting for another one (a deadlock)?"
+        )
+
+    def __reduce__(self):
+        return (CommTimeout, (self.op, self.peer, self.tag, self.timeout, self.rank))
+
+
+class MessageMismatchError(CommError, ValueError):
+    """Sender and receiver disagree on a message's size or dtype."""
+
+
+class WorkerError(MinidistError):
+    """A rank started by :func:`minidist.launch` raised or died.
+
+    ``rank`` is the failing rank, ``exc_type`` the name of its exception (or ``None`` when the
+    process died without raising) and ``remote_traceback`` the rank's formatted traceback.
+    """
+
+    def __init__(self, rank: int, message: str, exc_type: str | None = None,
+                 remote_traceback: str = ""):
+        self.rank, self.exc_type, self.remote_traceback = rank, exc_type, remote_traceback
+        self.message = message
+        text = f"rank {rank} failed: {message}"
+        if remote_traceback:
+            text += f"\n\n--- traceback of rank {rank} ---\n{remote_traceback.rstrip()}"
+        super().__init__(text)
+
+
+class WorkerCommTimeout(WorkerError, CommTimeout):
+    """A rank failed with :class:`CommTimeout`; catchable as either exception."""
+
+    def __init__(self, rank: int, message: str, exc_type: str | None = None,
+                 remote_traceback: str = ""):
+        WorkerError.__init__(self, rank, message, exc_type, remote_traceback)
+        self.op = self.peer = self.tag = None
+        self.timeout = 0.0
+
+    __reduce__ = Exception.__reduce__

@@ -1,0 +1,125 @@
+"""How a rank becomes a Communicator: from a spec (``md.launch``) or from the environment.
+
+``md.init()`` reads what the launcher left in the environment:
+
+* ``minidist run`` with the local backend sets ``MINIDIST_SHM`` (the shared segment's name);
+* ``torchrun`` and ``minidist run --backend torch`` set ``RANK``, ``WORLD_SIZE``,
+  ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` (the torch.distributed convention);
+* nothing at all gives a world of one rank, so a script also runs as plain ``python x.py``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from .backends.local import LocalTransport
+from .backends.shm import Segment
+from .comm import Communicator
+from .trace import Timeline
+
+BACKENDS = ("local", "torch")
+DEFAULT_TIMEOUT = float(os.environ.get("MINIDIST_TIMEOUT", 60.0))
+
+
+@dataclass
+class WorldSpec:
+    """Everything a rank needs to join its world; picklable, so it crosses into children."""
+
+    backend: str
+    world_size: int
+    shm_name: str | None = None
+    store_host: str = "127.0.0.1"
+    store_port: int | None = None
+    device: str = "cpu"
+    timeout: float = DEFAULT_TIMEOUT
+    trace: bool = False
+
+
+def check_backend_device(backend: str, device: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if torch.device(device).type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+
+
+def connect(spec: WorldSpec, rank: int, local_rank: int | None = None) -> Communicator:
+    """Join the world described by ``spec`` as ``rank``; returns the world Communicator."""
+    _setup_debug_log(rank)
+    device = _rank_device(spec.device, rank if local_rank is None else local_rank)
+    if spec.backend == "local":
+        transport = LocalTransport(Segment.attach(spec.shm_name), rank)
+    else:
+        transport = _torch_transport(spec, rank, device)
+    return Communicator(transport, tuple(range(spec.world_size)), rank, timeout=spec.timeout,
+                        device=device, timeline=Timeline(rank, spec.trace))
+
+
+def _rank_device(device: str, local_rank: int) -> torch.device:
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return dev
+    if not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' was asked for, but torch sees no CUDA GPU here")
+    index = dev.index if dev.index is not None else local_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _torch_transport(spec: WorldSpec, rank: int, device: torch.device):
+    import torch.distributed as dist
+
+    from .backends.torch_backend import TorchTransport
+
+    timeout = datetime.timedelta(seconds=spec.timeout)
+    pg_backend = "nccl" if device.type == "cuda" else "gloo"
+    if spec.store_port is None:  # torchrun: the env:// rendezvous
+        dist.init_process_group(pg_backend, init_method="env://", timeout=timeout)
+    else:  # minidist's launchers host the store themselves and pass its port
+        store = dist.TCPStore(spec.store_host, spec.store_port, spec.world_size,
+                              is_master=False, timeout=timeout)
+        dist.init_process_group(pg_backend, store=store, rank=rank,
+                                world_size=spec.world_size, timeout=timeout)
+    return TorchTransport(device, owns_group=True)
+
+
+def init(backend: str | None = None, device: str | None = None,
+         timeout: float | None = None, trace: bool = False) -> Communicator:
+    """This process's world Communicator, from what the launcher put in the environment."""
+    env = os.environ
+    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    device = device or env.get("MINIDIST_DEVICE", "cpu")
+    if "MINIDIST_SHM" in env and backend in (None, "local"):
+        spec = WorldSpec("local", int(env["WORLD_SIZE"]), shm_name=env["MINIDIST_SHM"],
+                         device=device, timeout=timeout, trace=trace)
+        return connect(spec, int(env["RANK"]), int(env.get("LOCAL_RANK", env["RANK"])))
+    if "RANK" in env and "WORLD_SIZE" in env:
+        port = env.get("MINIDIST_STORE_PORT")
+        spec = WorldSpec("torch", int(env["WORLD_SIZE"]), device=device, timeout=timeout,
+                         store_host=env.get("MASTER_ADDR", "127.0.0.1"), trace=trace,
+                         store_port=int(port) if port else None)
+        return connect(spec, int(env["RANK"]), int(env.get("LOCAL_RANK", env["RANK"])))
+    if backend == "torch":
+        raise RuntimeError("md.init(backend='torch') needs RANK and WORLD_SIZE in the "
+                           "environment: start the script with torchrun or minidist run")
+    seg = Segment.create(1)  # a world of one: a plain `python script.py`
+    seg.unlink()
+    return Communicator(LocalTransport(seg, 0), (0,), 0, timeout=timeout,
+                        device=_rank_device(device, 0), timeline=Timeline(0, trace))
+
+
+def _setup_debug_log(rank: int) -> None:
+    """``MINIDIST_DEBUG=1`` logs every message (who sends what to whom) on stderr."""
+    if os.environ.get("MINIDIST_DEBUG", "0") in ("", "0"):
+        return
+    logger = logging.getLogger("minidist")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(f"[minidist rank {rank}] %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
