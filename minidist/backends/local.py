@@ -109,7 +109,8 @@ class LocalTransport:
         self.posted: list[RecvRequest] = []
         self.unexpected: list[_Incoming] = []
         if spin_us is None:  # spinning only pays when every rank has a core of its own
-            spin_us = 50.0 if p <= (os.cpu_count() or 1) else 0.0
+            default = 200.0 if p <= (os.cpu_count() or 1) else 0.0
+            spin_us = float(os.environ.get("MINIDIST_SPIN_US", default))
         self.spin = spin_us * 1e-6
         seg.mark_attached(rank)
 
