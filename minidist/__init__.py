@@ -13,8 +13,7 @@ See docs/architecture.md for the layers and where each thing lives.
 """
 
 from .comm import ANY_SOURCE, UNDEFINED, Communicator, Request
-from .errors import (CommError, CommTimeout, MessageMismatchError, MinidistError,
-                     WorkerError)
+from .errors import CommError, CommTimeout, MessageMismatchError, MinidistError, WorkerError
 from .launch import Results, launch
 from .runtime import init
 from .stats import CommStats, PeerStats

@@ -40,6 +40,7 @@ class Request:
         self.comm, self.raw, self.op, self.peer, self.tag = comm, raw, op, peer, tag
         self.nbytes, self.unstage, self.count = nbytes, unstage, count
         self.is_recv = op == "irecv"
+        self.record = count  # control traffic and sendrecv's halves stay off the timeline
         self.start = time.perf_counter()
         self.source: int | None = None
         self._finished = False
@@ -72,7 +73,7 @@ class Request:
                 self.unstage()
             if self.count:
                 comm.stats.on_recv(self.source, self.nbytes)
-        if self.count:
+        if self.record:
             peer = self.peer if self.peer is not None else self.source
             comm.timeline.record(self.op, self.op, self.start, time.perf_counter(),
                                  self.nbytes, peer)
@@ -140,6 +141,7 @@ class Communicator:
         start = time.perf_counter()
         rreq = self.irecv(recv_tensor, src, recv_tag)
         sreq = self.isend(send_tensor, dst, send_tag)
+        rreq.record = sreq.record = False
         sreq.wait(op="sendrecv")
         source = rreq.wait(op="sendrecv")
         self.timeline.record("sendrecv", "sendrecv", start, time.perf_counter(),

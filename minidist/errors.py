@@ -56,7 +56,7 @@ class WorkerError(MinidistError):
         text = f"rank {rank} failed: {message}"
         if remote_traceback:
             text += f"\n\n--- traceback of rank {rank} ---\n{remote_traceback.rstrip()}"
-        super().__init__(text)
+        Exception.__init__(self, text)
 
 
 class WorkerCommTimeout(WorkerError, CommTimeout):

@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 
 import multiprocess as mp
 from multiprocess.connection import wait as wait_any
@@ -49,19 +50,34 @@ def launch(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
     spec, owned = _prepare_world(backend, world_size, device, timeout, trace)
     procs, conns, ok = [], [], False
     try:
-        for rank in range(world_size):
-            reader, writer = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker, name=f"minidist-rank-{rank}",
-                            args=(rank, spec, threads, fn, tuple(args), kwargs or {}, writer))
-            p.start()
-            writer.close()
-            procs.append(p)
-            conns.append(reader)
+        with _pickle_referenced_globals():
+            for rank in range(world_size):
+                reader, writer = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=_worker, name=f"minidist-rank-{rank}", args=(
+                    rank, spec, threads, fn, tuple(args), kwargs or {}, writer))
+                p.start()
+                writer.close()
+                procs.append(p)
+                conns.append(reader)
         results = _collect(procs, conns, owned)
         ok = True
         return results
     finally:
         _teardown(procs, conns, owned, grace=1.0 if ok else 0.0)
+
+
+@contextmanager
+def _pickle_referenced_globals():
+    """Under spawn, dill pickles a notebook's function by value; with ``recurse`` it also
+    carries the globals the function uses (``torch``, helper functions, constants)."""
+    import dill
+
+    before = dill.settings["recurse"]
+    dill.settings["recurse"] = True
+    try:
+        yield
+    finally:
+        dill.settings["recurse"] = before
 
 
 def _check_launch_args(fn, world_size, backend, device, timeout) -> int:
@@ -166,8 +182,9 @@ def _collect(procs, conns, owned) -> Results:
     by_sentinel = {p.sentinel: r for r, p in enumerate(procs)}
     while pending:
         _unlink_when_attached(owned)
+        unlinked = not getattr(owned, "name", None)
         ready = wait_any([conns[r] for r in pending] + [procs[r].sentinel for r in pending],
-                         timeout=0.1)
+                         timeout=0.1 if unlinked else 0.002)
         for obj in ready:
             rank = by_conn.get(obj, by_sentinel.get(obj))
             if rank not in pending:

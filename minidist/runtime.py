@@ -44,8 +44,8 @@ class WorldSpec:
 def check_backend_device(backend: str, device: str) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if torch.device(device).type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if str(device).split(":")[0] not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {device!r}")
 
 
 def connect(spec: WorldSpec, rank: int, local_rank: int | None = None) -> Communicator:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from contextlib import contextmanager
-from typing import Iterable
 
 
 class Timeline:

@@ -212,7 +212,7 @@ class LocalTransport:
 
     def _pull(self, ch: _Channel, drain: bool) -> None:
         """Read what has arrived on ``ch``: stream into matched receives, or park it."""
-        R, moved = self.R, False
+        moved = False
         while True:
             avail = ch.head_word.value - ch.tail
             msg = ch.msg

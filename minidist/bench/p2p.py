@@ -44,7 +44,7 @@ def _pingpong(comm, sizes, quick, use_torch):
     for n in sizes:
         buf = torch.zeros(n, dtype=torch.uint8)
 
-        def step():
+        def step(buf=buf):
             if comm.rank == 0:
                 send(buf, peer)
                 recv(buf, peer)
