@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -227,3 +233,38 @@ def test_barrier_many_ranks(backend):
 
     n = 8 if backend == "local" else 3
     assert md.launch(fn, n, backend=backend) == list(range(n))
+
+
+def _blocked_cpu(comm, wait_s):
+    """Rank 0 waits ``wait_s`` in recv; returns the CPU seconds it burnt meanwhile."""
+    buf = torch.empty(1)
+    if comm.rank == 0:
+        start = time.process_time()
+        comm.recv(buf, comm.world_size - 1)
+        return time.process_time() - start
+    if comm.rank == comm.world_size - 1:
+        time.sleep(wait_s)
+        comm.send(buf, 0)
+    return None
+
+
+@pytest.mark.parametrize("world_size", [2, 8])
+def test_waiting_rank_sleeps_instead_of_spinning(world_size):
+    """A rank blocked in recv sleeps on its doorbell: over a 1.5 s wait it uses a small
+    fraction of a core (a busy-waiting rank would burn the whole 1.5 s)."""
+    cpu = md.launch(_blocked_cpu, world_size, args=(1.5,))[0]
+    assert cpu < 0.5, f"rank 0 burnt {cpu:.2f} s of CPU while waiting 1.5 s"
+
+
+def test_debug_log_says_what_is_sent_where():
+    code = textwrap.dedent("""
+        import torch, minidist as md
+        def fn(comm):
+            comm.sendrecv(torch.ones(3), 1 - comm.rank, torch.empty(3), 1 - comm.rank, 4)
+        md.launch(fn, 2)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "MINIDIST_DEBUG": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "[minidist rank 0] rank 0 -> 1: float32 (3,) (12 bytes), tag 4" in proc.stderr
+    assert "[minidist rank 1] rank 1 <- 0: 12 bytes, tag 4" in proc.stderr

@@ -69,9 +69,14 @@ def measure_p2p(sizes, quick: bool) -> list[dict]:
 
 
 def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
-    """Least-squares fit of t = alpha + n / beta; returns (alpha seconds, beta bytes/s)."""
-    a = np.vstack([np.ones(len(sizes)), np.asarray(sizes, dtype=float)]).T
-    (alpha, inv_beta), *_ = np.linalg.lstsq(a, np.asarray(seconds), rcond=None)
+    """Fit t = alpha + n / beta; returns (alpha seconds, beta bytes/s).
+
+    Least squares on *relative* error (each row divided by its measured time): a plain fit
+    would let the 64 MiB point, a thousand times longer than the rest, decide alpha alone.
+    """
+    t = np.asarray(seconds, dtype=float)
+    a = np.vstack([np.ones(len(sizes)), np.asarray(sizes, dtype=float)]).T / t[:, None]
+    (alpha, inv_beta), *_ = np.linalg.lstsq(a, np.ones(len(t)), rcond=None)
     return float(alpha), float(1 / inv_beta) if inv_beta > 0 else float("inf")
 
 
