@@ -1,0 +1,328 @@
+"""Gradient buckets and the Reducer behind ``DistributedDataParallel``.
+
+This is the machinery of PyTorch DDP as Li et al. describe it ("PyTorch Distributed:
+Experiences on Accelerating Data Parallel Training", VLDB 2020, sections 3.2 and 4.2):
+
+* Buckets. One all-reduce per parameter pays the latency (alpha) hundreds of times; one
+  all-reduce of everything cannot start before the whole backward pass is over. DDP packs
+  gradients into buckets of about ``bucket_cap_mb`` and reduces bucket by bucket. Parameters
+  go into buckets in *reverse* registration order, because backward produces the gradients
+  of the last layers first. A bucket holds one dtype (one flat buffer).
+* Hooks. An autograd hook on every parameter fires when its gradient has been accumulated.
+  The hook copies the gradient into its bucket slot and, when the bucket's last gradient is
+  in, starts that bucket's all-reduce while backward goes on computing earlier layers.
+  Buckets are started strictly in index order, so every rank issues the same sequence of
+  collectives even if its hooks fire in a different order.
+* Overlap. A collective here is a sequence of blocking sends and receives, so "start" means
+  "hand it to a communication thread", just as a torch ProcessGroup runs its work on worker
+  threads. At the end of backward (an autograd-engine callback) the Reducer waits for every
+  bucket and writes the averaged gradients back into ``param.grad``.
+* Unused parameters. A parameter that got no gradient would keep its bucket from ever being
+  ready. With ``find_unused_parameters=True`` the forward pass walks the autograd graph, and
+  the parameters it does not reach count as ready (their slot holds their current gradient,
+  or zeros); afterwards one small all-reduce says which were unused on *every* rank, and those
+  keep their ``.grad`` untouched, as in PyTorch. Without it, a missing gradient is an error
+  that names the parameters and the fix.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future
+
+import torch
+from torch import nn
+
+from .collectives import all_reduce
+
+
+class Bucket:
+    """One flat buffer holding the gradients of a few parameters, reduced by one all-reduce.
+
+    A comm hook receives the Bucket: ``bucket.buffer`` (the flat gradients), ``bucket.index``
+    (its position in the reduction order, stable across steps, for per-bucket state such as
+    error feedback), ``bucket.params`` and ``bucket.names``."""
+
+    def __init__(self, index: int, params: list[nn.Parameter], names: list[str]):
+        self.index, self.params, self.names = index, params, names
+        sizes = [p.numel() for p in params]
+        self.buffer = torch.zeros(sum(sizes), dtype=params[0].dtype, device=params[0].device)
+        self.views = [chunk.view_as(p) for chunk, p in zip(self.buffer.split(sizes), params)]
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel() * self.buffer.element_size()
+
+    def __repr__(self) -> str:
+        return f"Bucket({self.index}, {len(self.params)} params, {self.nbytes} bytes)"
+
+
+def assign_buckets(params: list[torch.Tensor], cap_bytes: float) -> list[list[int]]:
+    """Group parameter indices into buckets: reverse registration order, one dtype and device
+    per bucket, a bucket closed once it holds ``cap_bytes`` or more (so a parameter larger
+    than the cap gets a bucket of its own), as ``_compute_bucket_assignment_by_size`` does."""
+    open_buckets: dict[tuple, tuple[list[int], int]] = {}
+    buckets: list[list[int]] = []
+    for i in reversed(range(len(params))):
+        p = params[i]
+        key = (p.dtype, p.device)
+        members, size = open_buckets.pop(key, ([], 0))
+        members.append(i)
+        size += p.numel() * p.element_size()
+        if size >= cap_bytes:
+            buckets.append(members)
+        else:
+            open_buckets[key] = (members, size)
+    buckets.extend(members for members, _ in open_buckets.values())
+    # a bucket is complete when its first-registered parameter has its gradient: reduce the
+    # buckets in the order backward completes them (torch sorts by minimum index too)
+    return sorted(buckets, key=lambda members: -min(members))
+
+
+def allreduce_hook(comm, bucket: Bucket, algorithm: str = "auto") -> torch.Tensor:
+    """The default comm hook: average the bucket over the ranks, in place. A hook returns the
+    reduced tensor (same shape and dtype as ``bucket.buffer``), so a compressor can reduce a
+    smaller tensor and return its decompressed result."""
+    all_reduce(comm, bucket.buffer, op="avg", algorithm=algorithm)
+    return bucket.buffer
+
+
+class CommThread:
+    """A single background thread that runs submitted functions in order (FIFO), so that
+    collectives are issued in the same order on every rank while the caller computes."""
+
+    def __init__(self, name: str = "minidist-ddp-comm"):
+        self.name = name
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, fn) -> Future:
+        if self._thread is None or not self._thread.is_alive():
+            # a daemon: a rank that fails mid-step must still be able to exit
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
+        fut: Future = Future()
+        self._queue.put((fn, fut))
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            fn, fut = self._queue.get()
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # handed to whoever waits on the future
+                fut.set_exception(e)
+
+
+class Reducer:
+    """Buckets a module's gradients and averages them across ranks during backward.
+
+    ``DistributedDataParallel`` drives it: ``prepare(outputs, sync)`` after each forward pass,
+    then the autograd hooks and the end-of-backward callback do the rest."""
+
+    def __init__(self, comm, named_params: list[tuple[str, nn.Parameter]], cap_bytes: float,
+                 overlap: bool = True, find_unused: bool = False, as_view: bool = False,
+                 hook=allreduce_hook):
+        self.comm, self.overlap, self.find_unused = comm, overlap, find_unused
+        self.as_view, self.hook = as_view, hook
+        self.names = [n for n, _ in named_params]
+        self.params = [p for _, p in named_params]
+        self.buckets = [Bucket(b, [self.params[i] for i in idx], [self.names[i] for i in idx])
+                        for b, idx in enumerate(assign_buckets(self.params, cap_bytes))]
+        self.where = {i: (b, k) for b in self.buckets
+                      for k, i in enumerate(self._indices(b))}
+        self.thread = CommThread()
+        self.used = [False] * len(self.params)  # got a gradient since the last sync
+        self.expect_sync = False
+        self.unused: list[int] = []
+        self.stats: dict = {"comm_s": 0.0, "wait_s": 0.0, "buckets": len(self.buckets),
+                            "pending_at_launch": []}
+        self._reset()
+        self._handles = [p.register_post_accumulate_grad_hook(
+            lambda _p, i=i: self._on_grad(i)) for i, p in enumerate(self.params)]
+
+    def _indices(self, bucket: Bucket) -> list[int]:
+        ids = {id(p): i for i, p in enumerate(self.params)}
+        return [ids[id(p)] for p in bucket.params]
+
+    def _reset(self) -> None:
+        self.ready = [False] * len(self.params)
+        self.pending = [len(b.params) for b in self.buckets]
+        self.next_bucket = 0
+        self.futures: list[Future] = []
+        self.pending_at_launch: list[int] = []  # gradients still missing at each launch
+        self.armed = False
+
+    # -- forward side -------------------------------------------------------------------------
+    def prepare(self, outputs, sync: bool) -> None:
+        """Called after each forward: will the coming backward synchronize, and (with
+        ``find_unused``) which parameters can get no gradient from ``outputs``."""
+        self.expect_sync = sync
+        if sync and self.find_unused:
+            reached = reachable_params(outputs)
+            self.unused = [i for i, p in enumerate(self.params) if id(p) not in reached]
+
+    # -- backward side: hooks -----------------------------------------------------------------
+    def _on_grad(self, i: int) -> None:
+        self.used[i] = True
+        if not self.expect_sync:  # inside no_sync(): gradients just accumulate in .grad
+            return
+        if not self.armed:
+            self._arm()
+        self._mark_ready(i)
+
+    def _arm(self) -> None:
+        """First hook of a synchronizing backward: schedule the finalizer, and count the
+        parameters the forward pass did not reach as ready."""
+        self.armed = True
+        torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
+        for j in self.unused:
+            self._mark_ready(j)
+
+    def _mark_ready(self, i: int) -> None:
+        if self.ready[i]:
+            self._drain()
+            self._end_pass()
+            raise RuntimeError(
+                f"DistributedDataParallel: parameter {self.names[i]!r} got its gradient twice "
+                "in one backward pass. This happens with find_unused_parameters=True when the "
+                "model runs forward twice before one backward and the second forward skips a "
+                "parameter the first one used, or with reentrant activation checkpointing. "
+                "Run one forward per backward, or checkpoint with use_reentrant=False")
+        self.ready[i] = True
+        bucket, k = self.where[i]
+        self._copy_in(bucket, k)
+        self.pending[bucket.index] -= 1
+        if self.overlap and self.pending[bucket.index] == 0:
+            self._launch_ready_buckets()
+
+    def _copy_in(self, bucket: Bucket, k: int) -> None:
+        p, view = bucket.params[k], bucket.views[k]
+        if p.grad is None:  # an unused parameter contributes zeros
+            view.zero_()
+        elif p.grad.data_ptr() != view.data_ptr():
+            view.copy_(p.grad)
+            if self.as_view:  # from now on autograd accumulates straight into the bucket
+                p.grad = view
+
+    def _launch_ready_buckets(self) -> None:
+        """Start every ready bucket, in index order only: bucket b+1 waits for bucket b, so
+        all ranks issue the same collectives in the same order."""
+        while self.next_bucket < len(self.buckets) and self.pending[self.next_bucket] == 0:
+            bucket = self.buckets[self.next_bucket]
+            self.next_bucket += 1
+            self.pending_at_launch.append(self.ready.count(False))
+            self.futures.append(self.thread.submit(lambda b=bucket: self._reduce(b)))
+
+    def _reduce(self, bucket: Bucket) -> float:
+        """Run the comm hook on one bucket (on the comm thread when overlapping)."""
+        start = time.perf_counter()
+        out = self.hook(self.comm, bucket)
+        if out is not bucket.buffer:
+            if not isinstance(out, torch.Tensor) or out.shape != bucket.buffer.shape:
+                raise ValueError(
+                    f"the comm hook must return a tensor shaped like bucket.buffer "
+                    f"{tuple(bucket.buffer.shape)}, got "
+                    f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+            bucket.buffer.copy_(out)
+        end = time.perf_counter()
+        self.comm.timeline.record(f"bucket {bucket.index}", "collective", start, end,
+                                  bucket.nbytes)
+        return end - start
+
+    # -- backward side: end of the pass -------------------------------------------------------
+    def _finalize(self) -> None:
+        """Runs when the autograd engine finishes the backward pass: wait for every bucket,
+        then write the averaged gradients into ``param.grad``."""
+        if not self.armed:  # the pass was already abandoned after an error
+            return
+        start = time.perf_counter()
+        try:
+            missing = [i for i, r in enumerate(self.ready) if not r]
+            if missing:
+                raise RuntimeError(self._missing_message(missing))
+            if self.overlap:
+                comm_s = sum(f.result() for f in self.futures)
+            else:  # the plain bucketed version: reduce after backward, one bucket at a time
+                self.pending_at_launch = [0] * len(self.buckets)
+                comm_s = sum(self._reduce(b) for b in self.buckets)
+            self._copy_out(self._globally_unused() if self.find_unused else set())
+        except BaseException:
+            self._drain()
+            raise
+        finally:
+            pending_at_launch = self.pending_at_launch
+            self._end_pass()
+        wait = time.perf_counter() - start
+        self.stats.update(comm_s=comm_s, wait_s=wait, pending_at_launch=pending_at_launch)
+        self.comm.timeline.record("wait for buckets", "wait", start, start + wait)
+
+    def _drain(self) -> None:
+        """After an error, let the buckets already started finish (the other ranks run the
+        same collectives), so that nothing else uses the communicator concurrently."""
+        for f in self.futures:
+            try:
+                f.result()
+            except BaseException:
+                pass
+
+    def _end_pass(self) -> None:
+        self._reset()
+        self.used = [False] * len(self.params)
+        self.expect_sync = False
+
+    def _globally_unused(self) -> set[int]:
+        """Parameters no rank used since the last sync keep their ``.grad`` (PyTorch's rule)."""
+        flags = torch.tensor(self.used, dtype=torch.int32)
+        all_reduce(self.comm, flags, op="max")
+        return {i for i, used in enumerate(flags.tolist()) if not used}
+
+    def _copy_out(self, skip: set[int]) -> None:
+        for bucket in self.buckets:
+            for i, p, view in zip(self._indices(bucket), bucket.params, bucket.views):
+                if i in skip:
+                    continue
+                if p.grad is None:
+                    p.grad = view if self.as_view else view.clone()
+                elif p.grad.data_ptr() != view.data_ptr():
+                    p.grad.copy_(view)
+
+    def _missing_message(self, missing: list[int]) -> str:
+        names = [self.names[i] for i in missing]
+        shown = ", ".join(repr(n) for n in names[:8]) + (", ..." if len(names) > 8 else "")
+        return (
+            f"DistributedDataParallel: {len(names)} parameter(s) received no gradient in this "
+            f"backward pass: {shown}. Their buckets can never be reduced, so the other ranks "
+            "would wait forever. If some parameters take no part in the loss (in some steps "
+            "or always), construct DistributedDataParallel(..., find_unused_parameters=True); "
+            "if they are never used, set requires_grad=False on them or remove them.")
+
+
+def tensors_in(obj) -> list[torch.Tensor]:
+    """The tensors inside a forward pass's output (a tensor, or lists, tuples, dicts of them)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for x in obj for t in tensors_in(x)]
+    if isinstance(obj, dict):
+        return [t for x in obj.values() for t in tensors_in(x)]
+    return []
+
+
+def reachable_params(outputs) -> set[int]:
+    """ids of the leaf tensors the autograd graph of ``outputs`` reaches: walk from each
+    output's ``grad_fn`` through ``next_functions``; an ``AccumulateGrad`` node is a leaf."""
+    found = {id(t) for t in tensors_in(outputs) if t.requires_grad and t.grad_fn is None}
+    stack = [t.grad_fn for t in tensors_in(outputs) if t.grad_fn is not None]
+    seen = set()
+    while stack:
+        fn = stack.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        if hasattr(fn, "variable"):
+            found.add(id(fn.variable))
+        stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
+    return found
