@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from .collectives import all_gather, all_reduce, broadcast
-from .reducer import Reducer, allreduce_hook, tensors_in
+from .reducer import Reducer, tensors_in
 from .tensors import REDUCIBLE_DTYPES
 
 
@@ -189,8 +189,8 @@ class DistributedDataParallel(nn.Module):
         sync_module_states(comm, module)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self.reducer = Reducer(comm, named, bucket_cap_mb * 2**20, overlap,
-                               find_unused_parameters, gradient_as_bucket_view,
-                               comm_hook or _default_hook(algorithm))
+                               find_unused_parameters, gradient_as_bucket_view, comm_hook,
+                               algorithm)
 
     def forward(self, *args, **kwargs):
         timeline = self.comm.timeline
@@ -222,8 +222,10 @@ class DistributedDataParallel(nn.Module):
 
     def register_comm_hook(self, hook) -> None:
         """Replace how a bucket is reduced (torch: ``register_comm_hook``). ``hook(comm,
-        bucket)`` must leave the rank average in ``bucket.buffer`` or return a tensor of its
-        shape; it runs on the communication thread. Gradient compression plugs in here."""
+        bucket)`` gets this rank's gradients in ``bucket.buffer`` and returns their average
+        over the ranks (``bucket.buffer`` itself, or a tensor of its shape and dtype); it runs
+        on the communication thread when overlapping. ``reducer.allreduce_hook`` is the
+        default written as a hook. Gradient compression plugs in here."""
         if not callable(hook):
             raise TypeError(f"comm hook must be callable, got {type(hook).__name__}")
         self.reducer.hook = hook
@@ -239,12 +241,6 @@ class DistributedDataParallel(nn.Module):
         all-reduces took), ``wait_s`` (seconds backward waited for them at its end, i.e. the
         communication overlap did not hide) and ``buckets``."""
         return dict(self.reducer.stats)
-
-
-def _default_hook(algorithm: str):
-    def hook(comm, bucket):
-        return allreduce_hook(comm, bucket, algorithm)
-    return hook
 
 
 def _check_options(comm, bucket_cap_mb, comm_hook, straggler_rank, straggler_delay) -> None:

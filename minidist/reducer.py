@@ -82,10 +82,14 @@ def assign_buckets(params: list[torch.Tensor], cap_bytes: float) -> list[list[in
 
 
 def allreduce_hook(comm, bucket: Bucket, algorithm: str = "auto") -> torch.Tensor:
-    """The default comm hook: average the bucket over the ranks, in place. A hook returns the
-    reduced tensor (same shape and dtype as ``bucket.buffer``), so a compressor can reduce a
-    smaller tensor and return its decompressed result."""
-    all_reduce(comm, bucket.buffer, op="avg", algorithm=algorithm)
+    """What DDP does without a hook, written as one (torch's ``allreduce_hook``): divide by
+    the world size, then sum over the ranks (dividing first keeps float16 sums in range).
+
+    A comm hook gets the bucket with each rank's own gradients and returns the averaged
+    tensor (same shape and dtype as ``bucket.buffer``, or ``bucket.buffer`` itself), so a
+    compressor can reduce something smaller and return its decompressed result."""
+    bucket.buffer.div_(comm.world_size)
+    all_reduce(comm, bucket.buffer, op="sum", algorithm=algorithm)
     return bucket.buffer
 
 
@@ -124,9 +128,9 @@ class Reducer:
 
     def __init__(self, comm, named_params: list[tuple[str, nn.Parameter]], cap_bytes: float,
                  overlap: bool = True, find_unused: bool = False, as_view: bool = False,
-                 hook=allreduce_hook):
+                 hook=None, algorithm: str = "auto"):
         self.comm, self.overlap, self.find_unused = comm, overlap, find_unused
-        self.as_view, self.hook = as_view, hook
+        self.as_view, self.hook, self.algorithm = as_view, hook, algorithm
         self.names = [n for n, _ in named_params]
         self.params = [p for _, p in named_params]
         self.buckets = [Bucket(b, [self.params[i] for i in idx], [self.names[i] for i in idx])
@@ -199,11 +203,21 @@ class Reducer:
             self._launch_ready_buckets()
 
     def _copy_in(self, bucket: Bucket, k: int) -> None:
+        """Put the gradient into its bucket slot. Without a comm hook, divide by the world
+        size on the way (as torch does), which saves a pass over the bucket: the all-reduce
+        then just sums."""
         p, view = bucket.params[k], bucket.views[k]
+        divisor = self.comm.world_size if self.hook is None else 1
         if p.grad is None:  # an unused parameter contributes zeros
             view.zero_()
-        elif p.grad.data_ptr() != view.data_ptr():
-            view.copy_(p.grad)
+        elif p.grad.data_ptr() == view.data_ptr():  # autograd accumulated into the slot
+            if divisor > 1:
+                view.div_(divisor)
+        else:
+            if divisor > 1:
+                torch.div(p.grad, divisor, out=view)
+            else:
+                view.copy_(p.grad)
             if self.as_view:  # from now on autograd accumulates straight into the bucket
                 p.grad = view
 
@@ -219,7 +233,10 @@ class Reducer:
     def _reduce(self, bucket: Bucket) -> float:
         """Run the comm hook on one bucket (on the comm thread when overlapping)."""
         start = time.perf_counter()
-        out = self.hook(self.comm, bucket)
+        if self.hook is None:  # gradients were divided by the world size in _copy_in
+            out = all_reduce(self.comm, bucket.buffer, op="sum", algorithm=self.algorithm)
+        else:
+            out = self.hook(self.comm, bucket)
         if out is not bucket.buffer:
             if not isinstance(out, torch.Tensor) or out.shape != bucket.buffer.shape:
                 raise ValueError(
