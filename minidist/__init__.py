@@ -12,6 +12,18 @@
 See docs/architecture.md for the layers and where each thing lives.
 """
 
+from .collectives import (
+    ALL_REDUCE_ALGORITHMS,
+    CollectiveMismatchError,
+    all_gather,
+    all_reduce,
+    all_to_all,
+    broadcast,
+    gather,
+    reduce,
+    reduce_scatter,
+    scatter,
+)
 from .comm import ANY_SOURCE, UNDEFINED, Communicator, Request
 from .errors import CommError, CommTimeout, MessageMismatchError, MinidistError, WorkerError
 from .launch import Results, launch
@@ -25,4 +37,6 @@ __all__ = [
     "ANY_SOURCE", "UNDEFINED", "Communicator", "Request", "CommError", "CommTimeout",
     "MessageMismatchError", "MinidistError", "WorkerError", "Results", "launch", "init",
     "CommStats", "PeerStats", "Timeline", "plot_gantt", "to_chrome_trace",
+    "ALL_REDUCE_ALGORITHMS", "CollectiveMismatchError", "all_gather", "all_reduce",
+    "all_to_all", "broadcast", "gather", "reduce", "reduce_scatter", "scatter",
 ]

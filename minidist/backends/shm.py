@@ -3,12 +3,16 @@
 One POSIX shared-memory segment holds everything the ranks share, so that any process that
 knows its name can attach (forked children, spawned children, scripts under ``minidist run``):
 
-    [ header | doorbells: one per rank | channel heads/tails | one byte ring per (src, dst) ]
+    [ header | doorbells: one per rank | channel heads/tails | one byte ring per (src, dst)
+      | scratch ]
 
 Each ordered pair of ranks owns a single-producer single-consumer ring of ``ring_bytes``.
 The sender advances ``head`` after writing, the receiver advances ``tail`` after reading;
 both counters only grow, so ``head - tail`` is the number of unread bytes. On x86 aligned
 8-byte stores are atomic and stores are not reordered with stores, which is all this needs.
+
+The scratch area (sized at creation, untouched until used) is where ``auto`` all_reduce
+reduces in shared memory (``shm_collectives.py``): one slot per rank plus one for the result.
 
 Waiting is not busy spinning: a rank that has nothing to do sleeps on its doorbell, a 32-bit
 futex word (Linux) that any peer bumps and wakes after it writes data or frees ring space.
@@ -36,9 +40,11 @@ MAGIC = 0x6D696E6964697374  # "minidist"
 HEADER_BYTES = 4096
 LINE = 64  # one cache line: counters written by different ranks never share one
 MIN_RING, MAX_RING = 256 * 1024, 8 * 1024 * 1024
+SCRATCH_SLOT = 8 * 1024 * 1024  # per rank, for shm_collectives.py
 
-# header words (int64): magic, world_size, ring_bytes, then one "attached" word per rank
-_H_MAGIC, _H_WORLD, _H_RING, _H_ATTACHED = 0, 1, 2, 8
+# header words (int64): magic, world_size, ring_bytes, scratch bytes, then one "attached"
+# word per rank
+_H_MAGIC, _H_WORLD, _H_RING, _H_SCRATCH, _H_ATTACHED = 0, 1, 2, 3, 8
 MAX_WORLD = (HEADER_BYTES // 8) - _H_ATTACHED
 
 
@@ -64,9 +70,10 @@ def _shm_free_bytes() -> int:
 class Segment:
     """The mapped segment; ``create`` makes a new one, ``attach`` maps an existing one."""
 
-    def __init__(self, name: str, mm: mmap.mmap, world_size: int, ring_bytes: int, owner: bool):
+    def __init__(self, name: str, mm: mmap.mmap, world_size: int, ring_bytes: int, owner: bool,
+                 scratch_bytes: int = 0):
         self.name, self.mm, self.owner = name, mm, owner
-        self.world_size, self.ring_bytes = world_size, ring_bytes
+        self.world_size, self.ring_bytes, self.scratch_bytes = world_size, ring_bytes, scratch_bytes
         self.buf = np.frombuffer(mm, dtype=np.uint8)
         self.base = self.buf.ctypes.data  # address of byte 0, for memmove and futex
         p = world_size
@@ -75,19 +82,24 @@ class Segment:
         # channel c's head sits at ctl_offset + 128c, its tail one cache line later
         self.ctl_offset = self.bells_offset + p * LINE
         self.rings_offset = _align(self.ctl_offset + p * p * 2 * LINE, 4096)
+        self.scratch_offset = self.rings_offset + p * p * ring_bytes
 
     @staticmethod
-    def size_for(world_size: int, ring_bytes: int) -> int:
+    def size_for(world_size: int, ring_bytes: int, scratch_bytes: int = 0) -> int:
         p = world_size
-        return _align(HEADER_BYTES + p * LINE + p * p * 2 * LINE, 4096) + p * p * ring_bytes
+        return (_align(HEADER_BYTES + p * LINE + p * p * 2 * LINE, 4096) + p * p * ring_bytes
+                + scratch_bytes)
 
     @classmethod
-    def create(cls, world_size: int, ring_bytes: int | None = None) -> Segment:
+    def create(cls, world_size: int, ring_bytes: int | None = None,
+               scratch_bytes: int | None = None) -> Segment:
         if not 1 <= world_size <= MAX_WORLD:
             raise ValueError(f"the local backend supports 1 to {MAX_WORLD} ranks, "
                              f"got world_size={world_size}")
         ring = ring_bytes or ring_bytes_for(world_size)
-        size = cls.size_for(world_size, ring)
+        if scratch_bytes is None:  # sparse too: costs nothing until an all_reduce uses it
+            scratch_bytes = (world_size + 1) * SCRATCH_SLOT if world_size > 1 else 0
+        size = cls.size_for(world_size, ring, scratch_bytes)
         if size > _shm_free_bytes():
             raise MemoryError(f"/dev/shm has {_shm_free_bytes() >> 20} MiB free, the local "
                               f"backend needs {size >> 20} MiB for {world_size} ranks")
@@ -101,8 +113,9 @@ class Segment:
             raise
         finally:
             os.close(fd)
-        seg = cls(name, mm, world_size, ring, owner=True)
+        seg = cls(name, mm, world_size, ring, owner=True, scratch_bytes=scratch_bytes)
         seg.header[_H_WORLD], seg.header[_H_RING] = world_size, ring
+        seg.header[_H_SCRATCH] = scratch_bytes
         seg.header[_H_MAGIC] = MAGIC
         return seg
 
@@ -113,12 +126,12 @@ class Segment:
             mm = mmap.mmap(fd, os.fstat(fd).st_size)
         finally:
             os.close(fd)
-        head = np.ndarray((3,), np.int64, mm, 0)
+        head = np.ndarray((4,), np.int64, mm, 0)
         if int(head[_H_MAGIC]) != MAGIC:
             raise RuntimeError(f"shared memory segment {name} is not a minidist segment")
-        world, ring = int(head[_H_WORLD]), int(head[_H_RING])
+        world, ring, scratch = int(head[_H_WORLD]), int(head[_H_RING]), int(head[_H_SCRATCH])
         del head
-        return cls(name, mm, world, ring, owner=False)
+        return cls(name, mm, world, ring, owner=False, scratch_bytes=scratch)
 
     # -- bookkeeping ------------------------------------------------------------------------
     def mark_attached(self, rank: int) -> None:

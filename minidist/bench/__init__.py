@@ -3,4 +3,5 @@
 
 BENCHMARKS = {
     "p2p": "minidist.bench.p2p",
+    "collectives": "minidist.bench.collectives",
 }

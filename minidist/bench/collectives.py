@@ -1,0 +1,170 @@
+"""``minidist bench collectives``: all_reduce algorithms on the local backend vs gloo.
+
+For world sizes 2 and 4 and sizes from 4 bytes to 64 MiB (float32), one run times every
+minidist all_reduce algorithm on the local (shared-memory) backend, the local backend's
+shared-memory fast path (``shm``) on its own, ``auto``, and ``torch.distributed.all_reduce``
+on gloo, side by side. Per row: median time per call (the slowest rank's median), algorithm
+bandwidth algbw = n / t and bus bandwidth busbw = algbw * 2(p-1)/p (the nccl-tests
+convention: the load on the busiest link, comparable across world sizes), and the speedup
+over gloo (gloo's time / this time). Then an alpha-beta fit t(n) = alpha + n / beta per
+algorithm, printed as the ``MEASURED`` table that ``collectives/auto.py`` keeps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import launch
+from ..backends import shm_collectives
+from ..collectives import ALL_REDUCE_ALGORITHMS, all_reduce
+from ..collectives.auto import choose
+from .common import format_table, iterations_for, median_time, quick_mode, save_json
+
+SIZES = [4 << (2 * k) for k in range(13)]  # 4 B, 16 B, ..., 64 MiB
+QUICK_SIZES = [4, 1024, 64 << 10, 1 << 20, 16 << 20]
+ALGORITHMS = [a for a in ALL_REDUCE_ALGORITHMS if a != "auto"] + ["shm", "auto"]
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--quick", action="store_true", help="a short sweep (CI does this)")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    parser.add_argument("--plot", metavar="PATH", help="save a bus-bandwidth plot")
+    parser.add_argument("--world-sizes", default="2,4", help="comma-separated (default 2,4)")
+    parser.add_argument("--max-size", type=int, help="largest size in bytes")
+
+
+def _time_minidist(comm, sizes, algorithms, quick):
+    """On every rank: {algorithm: {bytes: median seconds}} and auto's choice per size."""
+    times, picks = {a: {} for a in algorithms}, {}
+    for n in sizes:
+        x = torch.zeros(n // 4)
+        picks[n] = choose(comm, x)
+        for algo in algorithms:
+            comm.barrier()
+            times[algo][n] = median_time(lambda a=algo, x=x: _one(comm, x, a),
+                                         iterations_for(n, quick), warmup=2)
+    return times, picks
+
+
+def _one(comm, x, algo):
+    if algo == "shm":  # the local backend's fast path on its own, to fit its figures
+        return shm_collectives.all_reduce_shm(comm, x, "sum")
+    return all_reduce(comm, x, algorithm=algo)
+
+
+def _time_gloo(comm, sizes, quick):
+    import torch.distributed as dist
+
+    times = {}
+    for n in sizes:
+        x = torch.zeros(n // 4)
+        dist.barrier()
+        times[n] = median_time(lambda x=x: dist.all_reduce(x), iterations_for(n, quick), 2)
+    return times
+
+
+def measure(world_size: int, sizes, quick: bool) -> tuple[list[dict], dict]:
+    """Rows (one per algorithm and size) and auto's picks for one world size."""
+    local = launch(_time_minidist, world_size, args=(sizes, ALGORITHMS, quick))
+    gloo = launch(_time_gloo, world_size, args=(sizes, quick), backend="torch")
+    slowest = {a: {n: max(r[0][a][n] for r in local) for n in sizes} for a in ALGORITHMS}
+    slowest["gloo"] = {n: max(r[n] for r in gloo) for n in sizes}
+    rows, bus = [], 2 * (world_size - 1) / world_size
+    for algo, by_size in slowest.items():
+        for n in sizes:
+            t = by_size[n]
+            rows.append({"world_size": world_size, "algorithm": algo, "bytes": n,
+                         "time_us": t * 1e6, "algbw_GBps": n / t / 1e9,
+                         "busbw_GBps": n / t / 1e9 * bus, "vs_gloo": slowest["gloo"][n] / t})
+    return rows, local[0][1]
+
+
+def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
+    """t = alpha + n / beta, least squares on relative error (so 4 B counts as much as
+    64 MiB); returns (alpha seconds, beta bytes/s)."""
+    t = np.asarray(seconds, dtype=float)
+    a = np.vstack([np.ones(len(sizes)), np.asarray(sizes, dtype=float)]).T / t[:, None]
+    (alpha, inv_beta), *_ = np.linalg.lstsq(a, np.ones(len(sizes)), rcond=None)
+    return float(alpha), float(1 / inv_beta) if inv_beta > 0 else float("inf")
+
+
+def main(args) -> dict:
+    quick = args.quick or quick_mode()
+    sizes = [n for n in (QUICK_SIZES if quick else SIZES)
+             if args.max_size is None or n <= args.max_size]
+    rows, fits, picks = [], {}, {}
+    for p in [int(w) for w in args.world_sizes.split(",")]:
+        prow, picks[p] = measure(p, sizes, quick)
+        rows += prow
+        print(f"\nall_reduce, world size {p}, float32, median per call (slowest rank)\n")
+        print(format_table(prow, [("algorithm", "algorithm", "s"), ("bytes", "size", "bytes"),
+                                  ("time_us", "time us", ".1f"),
+                                  ("algbw_GBps", "algbw GB/s", ".3f"),
+                                  ("busbw_GBps", "busbw GB/s", ".3f"),
+                                  ("vs_gloo", "x gloo", ".2f")]))
+        print("auto picks: " + ", ".join(f"{n} B: {a}" for n, a in picks[p].items()))
+        fits[p] = {a: fit_alpha_beta(sizes, [r["time_us"] * 1e-6 for r in prow
+                                             if r["algorithm"] == a])
+                   for a in ALGORITHMS + ["gloo"]}
+    _print_fits(fits)
+    _print_goals(rows)
+    result = {"rows": rows, "auto_picks": picks, "sizes": sizes,
+              "fits": {p: {a: {"alpha_us": al * 1e6, "beta_GBps": be / 1e9}
+                           for a, (al, be) in f.items()} for p, f in fits.items()}}
+    if args.json:
+        save_json(args.json, result)
+    if args.plot:
+        plot(rows, args.plot)
+    return result
+
+
+def _print_fits(fits) -> None:
+    print("\nalpha-beta fit per algorithm, t(n) = alpha + n / beta; as auto.py's MEASURED:\n")
+    print("MEASURED = {")
+    for p, f in fits.items():
+        body = ", ".join(f'"{a}": ({al * 1e6:.1f}, {be / 1e9:.3f})' for a, (al, be) in f.items()
+                         if a not in ("auto", "gloo"))
+        print(f"    {p}: {{{body}}},")
+    print("}")
+    for p, f in fits.items():
+        al, be = f["gloo"]
+        print(f"gloo, p={p}: alpha = {al * 1e6:.1f} us, beta = {be / 1e9:.3f} GB/s")
+
+
+def _print_goals(rows) -> None:
+    """The issue's two goals, read off this run."""
+    for p in sorted({r["world_size"] for r in rows}):
+        auto = [r for r in rows if r["world_size"] == p and r["algorithm"] == "auto"]
+        worst = min(auto, key=lambda r: r["vs_gloo"])
+        print(f"p={p}: auto vs gloo, worst size {worst['bytes']} B: {worst['vs_gloo']:.2f}x "
+              f"({'never slower' if worst['vs_gloo'] >= 1 else 'SLOWER than gloo there'})")
+    big = [r for r in rows if r["world_size"] == 2 and r["bytes"] == 16 << 20]
+    if big:
+        gloo = next(r for r in big if r["algorithm"] == "gloo")
+        best = max((r for r in big if r["algorithm"] != "gloo"), key=lambda r: r["busbw_GBps"])
+        print(f"16 MiB, p=2: best minidist {best['algorithm']} busbw "
+              f"{best['busbw_GBps']:.2f} GB/s, gloo {gloo['busbw_GBps']:.2f} GB/s "
+              f"({best['busbw_GBps'] / gloo['busbw_GBps']:.2f}x)")
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    worlds = sorted({r["world_size"] for r in rows})
+    fig, axes = plt.subplots(1, len(worlds), figsize=(6 * len(worlds), 4.5), squeeze=False)
+    for ax, p in zip(axes[0], worlds):
+        for algo in dict.fromkeys(r["algorithm"] for r in rows):
+            pts = [r for r in rows if r["world_size"] == p and r["algorithm"] == algo]
+            style = "k--" if algo == "gloo" else "o-"
+            ax.semilogx([r["bytes"] for r in pts], [r["busbw_GBps"] for r in pts], style,
+                        label=algo, markersize=3)
+        ax.set(xlabel="bytes per rank", ylabel="bus bandwidth (GB/s)",
+               title=f"all_reduce, {p} ranks")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

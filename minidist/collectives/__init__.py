@@ -1,0 +1,20 @@
+"""Collectives built from point-to-point messages: see ``api.py`` for the public functions,
+``allreduce.py`` and ``basic.py`` for the algorithms, ``ops.py`` for reduction rules."""
+
+from .api import (
+    ALL_REDUCE_ALGORITHMS,
+    all_gather,
+    all_reduce,
+    all_to_all,
+    broadcast,
+    gather,
+    reduce,
+    reduce_scatter,
+    scatter,
+)
+from .common import CollectiveMismatchError
+from .ops import OPS
+
+__all__ = ["ALL_REDUCE_ALGORITHMS", "OPS", "CollectiveMismatchError", "all_gather",
+           "all_reduce", "all_to_all", "broadcast", "gather", "reduce", "reduce_scatter",
+           "scatter"]
