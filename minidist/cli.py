@@ -1,4 +1,4 @@
-"""The ``minidist`` command: run, bench, doctor, demo (and grade, once notebooks exist)."""
+"""The ``minidist`` command: run, bench, grade, doctor, demo."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from .bench import BENCHMARKS
+from .grading import grade
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -25,6 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, module in BENCHMARKS.items():
         mod = importlib.import_module(module)
         mod.add_arguments(bsub.add_parser(name, help=(mod.__doc__ or "").splitlines()[0]))
+    grade.add_arguments(sub.add_parser("grade", help="grade exercise notebooks"))
     sub.add_parser("doctor", help="what this machine can run")
     demo = sub.add_parser("demo", help="launch 4 ranks and show what they exchange")
     demo.add_argument("-n", "--nprocs", type=int, default=4)
@@ -48,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         importlib.import_module(BENCHMARKS[args.benchmark]).main(args)
         return 0
+    if args.command == "grade":
+        return grade.main(args)
     if args.command == "doctor":
         from .doctor import main as doctor
 

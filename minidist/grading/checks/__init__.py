@@ -1,0 +1,1 @@
+"""The authoritative tests, one module per graded notebook (see ``registry.EXERCISES``)."""

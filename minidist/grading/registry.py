@@ -1,0 +1,51 @@
+"""The authoritative tests of every graded notebook, by exercise and ``grade_id``.
+
+A graded notebook's test cells call these same tests, but the grader never runs a learner's
+test cell: it runs the test stored here for each ``grade_id``, so editing, deleting or
+reordering test cells in a notebook changes nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# exercise name (the notebook's file name without .ipynb) -> module holding its TESTS
+EXERCISES = {
+    "00_getting_started": "minidist.grading.checks.getting_started",
+    "01_collectives": "minidist.grading.checks.collectives",
+    "02_data_parallel": "minidist.grading.checks.data_parallel",
+}
+
+
+@dataclass(frozen=True)
+class GradedTest:
+    """One graded test. ``needs`` names what it takes from the notebook, in the order the
+    ``check`` takes them; by convention each name is also the ``grade_id`` of the solution
+    cell that defines it. ``check`` raises ``Mistake`` or returns (optionally a note)."""
+
+    grade_id: str
+    points: int
+    needs: tuple[str, ...]
+    check: Callable[..., str | None]
+
+
+def stored_tests(exercise: str) -> dict[str, GradedTest]:
+    """The tests of ``exercise``, by grade_id, in notebook order."""
+    if exercise not in EXERCISES:
+        raise KeyError(f"no graded exercise named {exercise!r}; known: {sorted(EXERCISES)}")
+    module = importlib.import_module(EXERCISES[exercise])
+    return {t.grade_id: t for t in module.TESTS}
+
+
+def exercise_of(path: str | pathlib.Path, metadata: dict | None = None) -> str | None:
+    """Which exercise a notebook is: its ``minidist.exercise`` metadata, else its file name
+    (``00_getting_started.ipynb``, also with a prefix or suffix such as ``ana_00_...``)."""
+    declared = ((metadata or {}).get("minidist") or {}).get("exercise")
+    if declared in EXERCISES:
+        return declared
+    stem = pathlib.Path(path).stem
+    matches = [name for name in EXERCISES if name in stem]
+    return matches[0] if len(matches) == 1 else None

@@ -1,0 +1,207 @@
+"""The grading pipeline: exercise generation, feedback, the grader's plan, and the grader
+on notebooks that cheat, hang or crash."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import nbformat
+import pytest
+from nbformat import v4
+
+from minidist.cli import main as cli_main
+from minidist.grading import build, feedback
+from minidist.grading.checks.harness import contributors, pattern
+from minidist.grading.registry import exercise_of, stored_tests
+from minidist.grading.runner import grade_notebook, plan
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SOLUTION_00 = ROOT / "solutions" / "00_getting_started.ipynb"
+
+
+# -- generating exercises ------------------------------------------------------------------
+def test_stub_replaces_each_solution_region_and_names_the_function():
+    src = ("def f(x):\n    y = 1\n    ### BEGIN SOLUTION\n    return x + y\n"
+           "    ### END SOLUTION\n\nz = 2\n### BEGIN SOLUTION\nw = 3\n### END SOLUTION")
+    assert build.stub_regions(src, code=True) == (
+        "def f(x):\n    y = 1\n    # YOUR CODE HERE\n"
+        '    raise NotImplementedError("f is not written yet")\n\nz = 2\n'
+        "# YOUR CODE HERE\n"
+        'raise NotImplementedError("f is not written yet")')
+    assert build.stub_regions("Q?\n### BEGIN SOLUTION\nA.\n### END SOLUTION", code=False) \
+        == "Q?\nYOUR ANSWER HERE"
+
+
+@pytest.mark.parametrize("src", ["### BEGIN SOLUTION\nx", "x\n### END SOLUTION",
+                                 "### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION"])
+def test_unbalanced_markers_are_an_error(src):
+    with pytest.raises(ValueError, match="SOLUTION"):
+        build.stub_regions(src, code=True)
+
+
+def test_exercise_has_stubs_metadata_and_no_outputs():
+    solution = nbformat.read(str(SOLUTION_00), as_version=4)
+    exercise = build.make_exercise(solution)
+    assert exercise.metadata["minidist"] == {"exercise": "00_getting_started"}
+    assert "widgets" not in exercise.metadata
+    for before, after in zip(solution.cells, exercise.cells):
+        assert before.metadata.get("nbgrader") == after.metadata.get("nbgrader")
+        assert build.BEGIN not in after.source
+        if after.cell_type == "code":
+            assert after.outputs == [] and after.execution_count is None
+    graded = [c.metadata["nbgrader"] for c in exercise.cells if "nbgrader" in c.metadata]
+    for meta in graded:  # nbgrader's schema
+        assert {"grade", "solution", "locked", "grade_id", "schema_version"} <= set(meta)
+        assert meta["schema_version"] == 3
+        assert "points" in meta or not meta["grade"]
+
+
+def test_committed_exercises_are_up_to_date_with_solutions():
+    assert build.build(ROOT, check=True) == []
+
+
+def test_metadata_check_finds_missing_and_wrong_tests():
+    nb = nbformat.read(str(SOLUTION_00), as_version=4)
+    test_cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    test_cells[0].metadata["nbgrader"]["points"] = 99
+    nb.cells.remove(test_cells[1])
+    problems = build.check_metadata(nb, "00_getting_started")
+    assert any("99 points" in p for p in problems)
+    assert any("no test cell for the stored test 'test_ping_pong'" in p for p in problems)
+
+
+# -- feedback helpers ----------------------------------------------------------------------
+def test_learner_frame_skips_library_frames():
+    tb = ('Traceback (most recent call last):\n'
+          '  File "/x/minidist/launch.py", line 145, in _worker\n    result = fn(comm)\n'
+          '  File "/tmp/ipykernel_9/123.py", line 7, in ring\n    comm.recv(buf, left)\n'
+          '  File "/x/minidist/comm.py", line 127, in recv\n    return self.irecv()\n')
+    assert feedback.learner_frame(tb) == (7, "comm.recv(buf, left)")
+    assert feedback.learner_frame("no traceback") is None
+
+
+def test_compare_names_rank_and_values():
+    import torch
+
+    got, want = torch.tensor([1.0, 2.0, 5.0]), torch.tensor([1.0, 2.0, 3.0])
+    assert feedback.compare(want.clone(), want, "rank 0") is None
+    msg = feedback.compare(got, want, "rank 2")
+    assert msg.startswith("rank 2: 1 of 3 values wrong: [2] = 5 (expected 3)")
+    assert "shape" in feedback.compare(got[:2], want, "rank 1")
+
+
+def test_contributors_decode_which_ranks_were_summed():
+    import torch
+
+    p = 4
+    data = [pattern(r, 6, torch.float64, p) for r in range(p)]
+    partial = data[0] + data[2] + data[3]
+    assert contributors(partial[5].item(), 5, p) == [0, 2, 3]
+    assert contributors((data[1] * 2)[3].item(), 3, p) is None  # counted twice
+
+
+# -- the grader's plan ---------------------------------------------------------------------
+def _nb(*cells, name="00_getting_started"):
+    nb = v4.new_notebook(cells=list(cells))
+    nb.metadata["minidist"] = {"exercise": name}
+    return nb
+
+
+def _graded(gid, points, source):
+    cell = v4.new_code_cell(source)
+    cell.metadata["nbgrader"] = {"grade": True, "solution": False, "locked": True,
+                                 "grade_id": gid, "points": points, "schema_version": 3}
+    return cell
+
+
+def _solution_sources() -> dict[str, str]:
+    nb = nbformat.read(str(SOLUTION_00), as_version=4)
+    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in nb.cells
+            if c.metadata.get("nbgrader", {}).get("solution") or
+            c.metadata.get("nbgrader", {}).get("grade_id") == "setup"}
+
+
+def test_plan_skips_test_cells_and_runs_stored_tests_after_definitions():
+    src = _solution_sources()
+    nb = _nb(_graded("test_fit_alpha_beta", 2, "print('I pass!')"),
+             v4.new_code_cell(src["setup"]), v4.new_code_cell(src["ring_shift"]),
+             v4.new_code_cell("x = 1"), v4.new_code_cell(src["fit_alpha_beta"]))
+    steps = plan(nb, stored_tests("00_getting_started"))
+    kinds = [(k, p.grade_id if k == "test" else p[0]) for k, p in steps]
+    assert kinds == [("cell", 1), ("cell", 2), ("test", "test_ring_shift"), ("cell", 3),
+                     ("cell", 4), ("test", "test_fit_alpha_beta"), ("test", "test_ping_pong")]
+
+
+def test_exercise_is_known_by_metadata_or_file_name():
+    assert exercise_of("x/ana_00_getting_started.ipynb") == "00_getting_started"
+    assert exercise_of("mine.ipynb", {"minidist": {"exercise": "01_collectives"}}) \
+        == "01_collectives"
+    assert exercise_of("mine.ipynb") is None
+
+
+# -- the grader on notebooks that cheat, hang or crash -------------------------------------
+def _write(tmp_path, nb, name="00_getting_started.ipynb") -> str:
+    path = tmp_path / name
+    nbformat.write(nb, str(path))
+    return str(path)
+
+
+def _earned(report) -> dict[str, int]:
+    return {r["grade_id"]: r["earned"] for r in report.results}
+
+
+@pytest.mark.slow
+def test_editing_deleting_or_reordering_test_cells_changes_nothing(tmp_path, capsys):
+    src = _solution_sources()
+    wrong_shift = "def ring_shift(comm, t):\n    return t.clone()  # forgot to communicate"
+    nb = _nb(_graded("test_fit_alpha_beta", 2, "check('test_fit_alpha_beta', fit_alpha_beta)"),
+             v4.new_code_cell(src["setup"]), v4.new_code_cell(wrong_shift),
+             _graded("test_ring_shift", 2, "print('passed, 2/2 points')"),  # edited
+             v4.new_code_cell(src["ping_pong"]),  # its test cell deleted
+             v4.new_code_cell(src["fit_alpha_beta"]))
+    path = _write(tmp_path, nb, "ana_00_getting_started.ipynb")
+    out_json = tmp_path / "grades.json"
+    assert cli_main(["grade", path, "--json", str(out_json)]) == 0
+    table = capsys.readouterr().out
+    assert "total: 5 / 7 points" in table
+    result = json.loads(out_json.read_text())
+    assert result["earned"] == 5 and result["points"] == 7
+    tests = {t["grade_id"]: t for t in result["notebooks"][0]["tests"]}
+    assert tests["test_ring_shift"]["earned"] == 0
+    assert "rank 0: 1 of 1 values wrong" in tests["test_ring_shift"]["feedback"]
+    assert tests["test_ping_pong"]["earned"] == 3 and tests["test_fit_alpha_beta"]["earned"] == 2
+
+
+@pytest.mark.slow
+def test_a_stuck_cell_stops_grading_and_scores_the_rest_zero(tmp_path):
+    src = _solution_sources()
+    nb = _nb(v4.new_code_cell(src["setup"]), v4.new_code_cell(src["ring_shift"]),
+             v4.new_code_cell("time.sleep(600)  # waits forever"),
+             v4.new_code_cell(src["ping_pong"]), v4.new_code_cell(src["fit_alpha_beta"]))
+    report = grade_notebook(_write(tmp_path, nb), cell_timeout=8)
+    assert _earned(report) == {"test_ring_shift": 2, "test_ping_pong": 0,
+                               "test_fit_alpha_beta": 0}
+    stopped = report.results[1]["feedback"]
+    assert "not run: cell 3 (`time.sleep(600)" in stopped and "longer than 8 s" in stopped
+
+
+@pytest.mark.slow
+def test_a_dead_kernel_scores_zero_for_every_test_not_yet_passed(tmp_path):
+    src = _solution_sources()
+    nb = _nb(v4.new_code_cell(src["setup"]), v4.new_code_cell(src["fit_alpha_beta"]),
+             v4.new_code_cell("import os\nos._exit(3)"), v4.new_code_cell(src["ring_shift"]))
+    report = grade_notebook(_write(tmp_path, nb), cell_timeout=30)
+    assert _earned(report) == {"test_ring_shift": 0, "test_ping_pong": 0,
+                               "test_fit_alpha_beta": 2}
+    assert "the kernel died while running cell 3" in report.results[0]["feedback"]
+
+
+def test_unreadable_or_unknown_notebooks_are_reported(tmp_path, capsys):
+    bad = tmp_path / "00_getting_started.ipynb"
+    bad.write_text("{not json")
+    assert "cannot read the notebook" in grade_notebook(str(bad)).error
+    other = _write(tmp_path, v4.new_notebook(), "notes.ipynb")
+    assert "not a graded minidist exercise" in grade_notebook(other).error
+    assert cli_main(["grade", other]) == 1
+    assert "not graded" in capsys.readouterr().out
