@@ -25,9 +25,11 @@ from .collectives import (
     scatter,
 )
 from .comm import ANY_SOURCE, UNDEFINED, Communicator, Request
+from .data_parallel import DataParallelNaive, DistributedDataParallel
 from .errors import CommError, CommTimeout, MessageMismatchError, MinidistError, WorkerError
 from .launch import Results, launch
 from .runtime import init
+from .sampler import DistributedSampler
 from .stats import CommStats, PeerStats
 from .trace import Timeline, plot_gantt, to_chrome_trace
 
@@ -39,4 +41,5 @@ __all__ = [
     "CommStats", "PeerStats", "Timeline", "plot_gantt", "to_chrome_trace",
     "ALL_REDUCE_ALGORITHMS", "CollectiveMismatchError", "all_gather", "all_reduce",
     "all_to_all", "broadcast", "gather", "reduce", "reduce_scatter", "scatter",
+    "DataParallelNaive", "DistributedDataParallel", "DistributedSampler",
 ]

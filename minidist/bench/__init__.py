@@ -4,4 +4,5 @@
 BENCHMARKS = {
     "p2p": "minidist.bench.p2p",
     "collectives": "minidist.bench.collectives",
+    "ddp": "minidist.bench.ddp",
 }

@@ -146,8 +146,7 @@ def main(args) -> dict:
            "batch": args.batch, "cap": args.bucket_cap_mb}
     n_params = sum(p.numel() for p in make_mlp(cfg["width"], cfg["depth"]).parameters())
     print(f"MLP {cfg['depth']} x {cfg['width']} ({n_params / 1e6:.2f} M parameters), batch "
-          f"{cfg['batch']} per rank, bucket cap {cfg['cap']:g} MiB, {torch.get_num_threads()} "
-          f"torch thread(s) per rank\n")
+          f"{cfg['batch']} per rank, bucket cap {cfg['cap']:g} MiB, one torch thread per rank\n")
     rows = run_all(cfg, world_sizes, args.rounds or preset["rounds"])
     print(format_table(rows, COLUMNS))
     print("\ncomm share: 1 - t(step under no_sync) / t(step), the same measure for every "
