@@ -40,7 +40,7 @@ MAGIC = 0x6D696E6964697374  # "minidist"
 HEADER_BYTES = 4096
 LINE = 64  # one cache line: counters written by different ranks never share one
 MIN_RING, MAX_RING = 256 * 1024, 8 * 1024 * 1024
-SCRATCH_SLOT = 8 * 1024 * 1024  # per rank, for shm_collectives.py
+SCRATCH_SLOT = 4 * 1024 * 1024  # per rank, for shm_collectives.py
 
 # header words (int64): magic, world_size, ring_bytes, scratch bytes, then one "attached"
 # word per rank

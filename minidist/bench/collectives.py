@@ -19,6 +19,7 @@ from .. import launch
 from ..backends import shm_collectives
 from ..collectives import ALL_REDUCE_ALGORITHMS, all_reduce
 from ..collectives.auto import choose
+from ..collectives.common import agree, describe
 from .common import format_table, iterations_for, median_time, quick_mode, save_json
 
 SIZES = [4 << (2 * k) for k in range(13)]  # 4 B, 16 B, ..., 64 MiB
@@ -48,7 +49,8 @@ def _time_minidist(comm, sizes, algorithms, quick):
 
 
 def _one(comm, x, algo):
-    if algo == "shm":  # the local backend's fast path on its own, to fit its figures
+    if algo == "shm":  # the local backend's fast path on its own (and the same agreement
+        agree(comm, describe("all_reduce", x, op="sum", algorithm="auto"))  # check as all)
         return shm_collectives.all_reduce_shm(comm, x, "sum")
     return all_reduce(comm, x, algorithm=algo)
 

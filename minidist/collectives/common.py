@@ -76,16 +76,24 @@ def describe(name: str, t, shape=None, **params) -> str:
 def agree(comm, desc: str) -> None:
     """Raise ``CollectiveMismatchError`` on every rank unless every rank passed ``desc``.
 
-    Fast path: a dissemination all-reduce (Hensgen, Finkel and Manber 1988) of (h, -h), h a
+    On a local-backend world communicator: one barrier in shared memory that carries the
+    hashes (``backends/shm_collectives.same_everywhere``). Elsewhere: a dissemination
+    all-reduce (Hensgen, Finkel and Manber 1988) of (h, -h), h a
     hash of ``desc``, under max: ceil(lg p) rounds of one 16-byte message; max works even
     though the rounds overlap. Every rank then holds max(h) and -min(h), equal only if all
     hashes are. Only on a mismatch do the ranks exchange the full descriptions, to say who
     passed what.
     """
+    from ..backends import shm_collectives  # here: it imports this module
+
     p = comm.world_size
     if p == 1:
         return
     h = int.from_bytes(hashlib.blake2b(desc.encode(), digest_size=7).digest(), "little")
+    if shm_collectives.world_ok(comm):  # one barrier in shared memory, no messages
+        if not shm_collectives.same_everywhere(comm, h):
+            _raise_mismatch(comm, desc)
+        return
     mine, got, k = np.array([h, -h], dtype=np.int64), np.empty(2, dtype=np.int64), 1
     while k < p:  # control traffic on the communicator's control context: not in stats
         req = comm._irecv(got, (comm.rank - k) % p, _CHECK_TAG, comm._ctx + 1, count=False)
@@ -95,8 +103,13 @@ def agree(comm, desc: str) -> None:
         np.maximum(mine, got, out=mine)
         k <<= 1
     if mine[0] != -mine[1]:
-        table = comm._allgather_ints(_encode(desc))
-        raise CollectiveMismatchError(_mismatch_text(comm.rank, [_decode(r) for r in table]))
+        _raise_mismatch(comm, desc)
+
+
+def _raise_mismatch(comm, desc: str):
+    """Every rank has seen the mismatch: exchange the descriptions and say who passed what."""
+    table = comm._allgather_ints(_encode(desc))
+    raise CollectiveMismatchError(_mismatch_text(comm.rank, [_decode(r) for r in table]))
 
 
 def _encode(desc: str) -> list[int]:
