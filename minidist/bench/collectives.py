@@ -6,7 +6,9 @@ shared-memory fast path (``shm``) on its own, ``auto``, and ``torch.distributed.
 on gloo, side by side. Per row: median time per call (the slowest rank's median), algorithm
 bandwidth algbw = n / t and bus bandwidth busbw = algbw * 2(p-1)/p (the nccl-tests
 convention: the load on the busiest link, comparable across world sizes), and the speedup
-over gloo (gloo's time / this time). Then an alpha-beta fit t(n) = alpha + n / beta per
+over gloo (gloo's time / this time). minidist and gloo take turns in three rounds and each
+row keeps its best round, so that a burst of other work on a shared machine does not decide
+a comparison. Then an alpha-beta fit t(n) = alpha + n / beta per
 algorithm, printed as the ``MEASURED`` table that ``collectives/auto.py`` keeps.
 """
 
@@ -25,6 +27,7 @@ from .common import format_table, iterations_for, median_time, quick_mode, save_
 SIZES = [4 << (2 * k) for k in range(13)]  # 4 B, 16 B, ..., 64 MiB
 QUICK_SIZES = [4, 1024, 64 << 10, 1 << 20, 16 << 20]
 ALGORITHMS = [a for a in ALL_REDUCE_ALGORITHMS if a != "auto"] + ["shm", "auto"]
+ROUNDS = 3
 
 
 def add_arguments(parser) -> None:
@@ -35,16 +38,17 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-size", type=int, help="largest size in bytes")
 
 
-def _time_minidist(comm, sizes, algorithms, quick):
+def _time_minidist(comm, sizes, algorithms, iters):
     """On every rank: {algorithm: {bytes: median seconds}} and auto's choice per size."""
     times, picks = {a: {} for a in algorithms}, {}
+    for algo in algorithms:  # warm up: first-touch page faults, lazy initialisation
+        _one(comm, torch.zeros(1 << 18), algo)
     for n in sizes:
         x = torch.zeros(n // 4)
         picks[n] = choose(comm, x)
         for algo in algorithms:
             comm.barrier()
-            times[algo][n] = median_time(lambda a=algo, x=x: _one(comm, x, a),
-                                         iterations_for(n, quick), warmup=2)
+            times[algo][n] = median_time(lambda a=algo, x=x: _one(comm, x, a), iters[n], 2)
     return times, picks
 
 
@@ -55,30 +59,42 @@ def _one(comm, x, algo):
     return all_reduce(comm, x, algorithm=algo)
 
 
-def _time_gloo(comm, sizes, quick):
+def _time_gloo(comm, sizes, iters):
     import torch.distributed as dist
 
     times = {}
+    dist.all_reduce(torch.zeros(1 << 18))
     for n in sizes:
         x = torch.zeros(n // 4)
         dist.barrier()
-        times[n] = median_time(lambda x=x: dist.all_reduce(x), iterations_for(n, quick), 2)
+        times[n] = median_time(lambda x=x: dist.all_reduce(x), iters[n], 2)
     return times
 
 
 def measure(world_size: int, sizes, quick: bool) -> tuple[list[dict], dict]:
-    """Rows (one per algorithm and size) and auto's picks for one world size."""
-    local = launch(_time_minidist, world_size, args=(sizes, ALGORITHMS, quick))
-    gloo = launch(_time_gloo, world_size, args=(sizes, quick), backend="torch")
-    slowest = {a: {n: max(r[0][a][n] for r in local) for n in sizes} for a in ALGORITHMS}
-    slowest["gloo"] = {n: max(r[n] for r in gloo) for n in sizes}
+    """Rows (one per algorithm and size) and auto's picks for one world size.
+
+    The machine is shared, so a burst of someone else's work can land on one
+    measurement: minidist and gloo take turns, ``ROUNDS`` times, and each row keeps its
+    best round (the slowest rank's median in that round).
+    """
+    rounds = 1 if quick else ROUNDS
+    iters = {n: max(3, iterations_for(n, quick) // rounds) for n in sizes}
+    best = {a: dict.fromkeys(sizes, float("inf")) for a in ALGORITHMS + ["gloo"]}
+    for _ in range(rounds):
+        local = launch(_time_minidist, world_size, args=(sizes, ALGORITHMS, iters))
+        gloo = launch(_time_gloo, world_size, args=(sizes, iters), backend="torch")
+        for n in sizes:
+            for a in ALGORITHMS:
+                best[a][n] = min(best[a][n], max(r[0][a][n] for r in local))
+            best["gloo"][n] = min(best["gloo"][n], max(r[n] for r in gloo))
     rows, bus = [], 2 * (world_size - 1) / world_size
-    for algo, by_size in slowest.items():
+    for algo, by_size in best.items():
         for n in sizes:
             t = by_size[n]
             rows.append({"world_size": world_size, "algorithm": algo, "bytes": n,
                          "time_us": t * 1e6, "algbw_GBps": n / t / 1e9,
-                         "busbw_GBps": n / t / 1e9 * bus, "vs_gloo": slowest["gloo"][n] / t})
+                         "busbw_GBps": n / t / 1e9 * bus, "vs_gloo": best["gloo"][n] / t})
     return rows, local[0][1]
 
 
@@ -99,7 +115,8 @@ def main(args) -> dict:
     for p in [int(w) for w in args.world_sizes.split(",")]:
         prow, picks[p] = measure(p, sizes, quick)
         rows += prow
-        print(f"\nall_reduce, world size {p}, float32, median per call (slowest rank)\n")
+        print(f"\nall_reduce, world size {p}, float32, median per call (slowest rank, best "
+              f"of {1 if quick else ROUNDS} rounds)\n")
         print(format_table(prow, [("algorithm", "algorithm", "s"), ("bytes", "size", "bytes"),
                                   ("time_us", "time us", ".1f"),
                                   ("algbw_GBps", "algbw GB/s", ".3f"),

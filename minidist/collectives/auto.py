@@ -12,8 +12,14 @@ Fast paths:
 
 The figures: ``minidist bench collectives`` fits t(n) = alpha + n / beta per algorithm and
 world size over its sweep (least squares on relative error) and prints them as
-``MEASURED``. The table below is that output on the development machine (2-core AMD EPYC,
-Python 3.11, torch 2.13 CPU); world sizes not in it use the nearest measured one.
+``MEASURED``; the table below is that output on the development machine. World sizes not in
+it use the nearest measured one (in log scale). With these figures, on a local-backend world
+communicator ``auto`` takes recursive doubling up to about 390 KB (p=2) or 48 KB (p=4) and
+the shared-memory path above; on a split-off communicator, recursive doubling and then ring
+from about 3 MB (p=2), or naive from about 200 KB and halving-doubling from about 790 KB
+(p=4, where 4 ranks share 2 cores). Split-off communicators of the torch backend use the
+same table, although it was measured on the local backend. Rerun the benchmark on another
+machine and paste its table here to retune.
 """
 
 from __future__ import annotations
@@ -24,11 +30,18 @@ import torch
 
 from ..backends import shm_collectives
 
-# `flock /tmp/minidist-heavy.lock minidist bench collectives --json bench-results/c.json`
-# world_size: {algorithm: (alpha in microseconds, beta in GB/s)}
+# Fitted by `flock /tmp/minidist-heavy.lock minidist bench collectives --json c.json` on
+# 2026-11-30 (2-core AMD EPYC VM, 24 GiB, Python 3.11, torch 2.13 CPU; float32, 4 B to
+# 64 MiB, best of 3 rounds). world_size: {path: (alpha in microseconds, beta in GB/s)}.
+# gloo's all_reduce in the same run: p=2 (339.9, 1.288), p=4 (1108.6, 0.466).
+# With 4 ranks on 2 cores every message waits for a context switch, hence the large alphas.
 MEASURED = {
-    2: {"recursive_doubling": (30.0, 3.0), "ring": (45.0, 5.0), "shm": (60.0, 6.0)},
-    4: {"recursive_doubling": (80.0, 1.5), "ring": (150.0, 3.0), "shm": (120.0, 4.0)},
+    2: {"naive": (54.7, 2.535), "tree": (54.8, 2.424), "ring": (93.0, 5.158),
+        "recursive_doubling": (44.6, 4.612), "halving_doubling": (79.1, 4.811),
+        "shm": (70.5, 7.625)},
+    4: {"naive": (389.6, 0.695), "tree": (415.8, 0.677), "ring": (885.6, 0.862),
+        "recursive_doubling": (354.3, 0.586), "halving_doubling": (614.2, 0.975),
+        "shm": (407.9, 1.835)},
 }
 
 
@@ -39,9 +52,8 @@ def choose(comm, x: torch.Tensor) -> str:
     table = MEASURED[min(MEASURED, key=lambda q: abs(math.log2(q / comm.world_size)))]
     shm = shm_collectives.available(comm, x)
     nbytes = x.numel() * x.element_size()
-    best = min((a for a in table if a != "shm" or shm),
+    return min((a for a in table if a != "shm" or shm),
                key=lambda a: table[a][0] * 1e-6 + nbytes / (table[a][1] * 1e9))
-    return best
 
 
 def all_reduce_auto(comm, x: torch.Tensor, op: str, algorithms: dict) -> torch.Tensor:
