@@ -229,7 +229,8 @@ def _unused_rank(comm):
         for cap in (TINY, HUGE):
             model = Branchy(seed=comm.rank)
             ddp = md.DistributedDataParallel(model, comm, bucket_cap_mb=cap, overlap=overlap,
-                                             find_unused_parameters=True)
+                                             find_unused_parameters=True,
+                                             gradient_as_bucket_view=cap == TINY)
             branchy_steps(ddp, data, USES, [comm.rank], comm.world_size)
             out.append((params_of(model), model.never.weight.grad))
     ddp = md.DistributedDataParallel(Branchy(), comm)  # without find_unused_parameters

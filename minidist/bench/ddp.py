@@ -8,7 +8,8 @@ per rank: weak scaling) run under three wrappers, at world sizes 1, 2 and 4, in 
 * ``torch DDP``: ``torch.nn.parallel.DistributedDataParallel`` on a gloo process group.
 
 Both DDPs use the same bucket cap (torch's default, 25 MiB, unless ``--bucket-cap-mb``) and
-copy gradients into buckets (``gradient_as_bucket_view=False``, both defaults).
+copy gradients into buckets and back (``gradient_as_bucket_view=False``, both defaults;
+``--bucket-view`` sets it to True on both, which saves that copy).
 
 Reported per wrapper and world size: milliseconds and steps per second (median step, the
 slowest rank); the *communication share*, 1 - t(step under ``no_sync()``) / t(step), i.e. the
@@ -44,6 +45,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--world-sizes", metavar="LIST", help="comma-separated, e.g. 1,2,4")
     parser.add_argument("--batch", type=int, default=16, help="samples per rank per step")
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="both DDPs")
+    parser.add_argument("--bucket-view", action="store_true",
+                        help="gradient_as_bucket_view=True on both DDPs")
     parser.add_argument("--rounds", type=int, help="repeat each run, report the median")
 
 
@@ -55,17 +58,17 @@ def make_mlp(width: int, depth: int, classes: int = 10) -> nn.Sequential:
     return nn.Sequential(*layers, nn.Linear(width, classes))
 
 
-def _wrap(comm, variant: str, model: nn.Module, cap: float) -> nn.Module:
+def _wrap(comm, variant: str, model: nn.Module, cfg: dict) -> nn.Module:
+    common = {"bucket_cap_mb": cfg["cap"], "gradient_as_bucket_view": cfg["view"]}
     if variant == "torch DDP":
-        return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
-    return DistributedDataParallel(model, comm, bucket_cap_mb=cap,
-                                   overlap=variant == "minidist overlap")
+        return nn.parallel.DistributedDataParallel(model, **common)
+    return DistributedDataParallel(model, comm, overlap=variant == "minidist overlap", **common)
 
 
 def _run_rank(comm, variant: str, cfg: dict) -> dict:
     """Time synchronizing steps and, on the same wrapper, steps under ``no_sync()``."""
     torch.manual_seed(0)
-    ddp = _wrap(comm, variant, make_mlp(cfg["width"], cfg["depth"]), cfg["cap"])
+    ddp = _wrap(comm, variant, make_mlp(cfg["width"], cfg["depth"]), cfg)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(comm.rank)
     x = torch.randn(cfg["batch"], cfg["width"], generator=g)
@@ -143,10 +146,11 @@ def main(args) -> dict:
     world_sizes = ([int(w) for w in args.world_sizes.split(",")] if args.world_sizes
                    else list(preset["world_sizes"]))
     cfg = {"width": preset["width"], "depth": preset["depth"], "steps": preset["steps"],
-           "batch": args.batch, "cap": args.bucket_cap_mb}
+           "batch": args.batch, "cap": args.bucket_cap_mb, "view": args.bucket_view}
     n_params = sum(p.numel() for p in make_mlp(cfg["width"], cfg["depth"]).parameters())
     print(f"MLP {cfg['depth']} x {cfg['width']} ({n_params / 1e6:.2f} M parameters), batch "
-          f"{cfg['batch']} per rank, bucket cap {cfg['cap']:g} MiB, one torch thread per rank\n")
+          f"{cfg['batch']} per rank, bucket cap {cfg['cap']:g} MiB, gradient_as_bucket_view="
+          f"{cfg['view']}, one torch thread per rank\n")
     rows = run_all(cfg, world_sizes, args.rounds or preset["rounds"])
     print(format_table(rows, COLUMNS))
     print("\ncomm share: 1 - t(step under no_sync) / t(step), the same measure for every "
