@@ -45,8 +45,10 @@ class Bucket:
     (its position in the reduction order, stable across steps, for per-bucket state such as
     error feedback), ``bucket.params`` and ``bucket.names``."""
 
-    def __init__(self, index: int, params: list[nn.Parameter], names: list[str]):
+    def __init__(self, index: int, params: list[nn.Parameter], names: list[str],
+                 members: list[int]):
         self.index, self.params, self.names = index, params, names
+        self.members = members  # the parameters' positions in registration order
         sizes = [p.numel() for p in params]
         self.buffer = torch.zeros(sum(sizes), dtype=params[0].dtype, device=params[0].device)
         self.views = [chunk.view_as(p) for chunk, p in zip(self.buffer.split(sizes), params)]
@@ -133,10 +135,9 @@ class Reducer:
         self.as_view, self.hook, self.algorithm = as_view, hook, algorithm
         self.names = [n for n, _ in named_params]
         self.params = [p for _, p in named_params]
-        self.buckets = [Bucket(b, [self.params[i] for i in idx], [self.names[i] for i in idx])
-                        for b, idx in enumerate(assign_buckets(self.params, cap_bytes))]
-        self.where = {i: (b, k) for b in self.buckets
-                      for k, i in enumerate(self._indices(b))}
+        self.buckets = [Bucket(b, [self.params[i] for i in idx], [self.names[i] for i in idx],
+                               idx) for b, idx in enumerate(assign_buckets(self.params, cap_bytes))]
+        self.where = {i: (b, k) for b in self.buckets for k, i in enumerate(b.members)}
         self.thread = CommThread()
         self.used = [False] * len(self.params)  # got a gradient since the last sync
         self.expect_sync = False
@@ -146,10 +147,6 @@ class Reducer:
         self._reset()
         self._handles = [p.register_post_accumulate_grad_hook(
             lambda _p, i=i: self._on_grad(i)) for i, p in enumerate(self.params)]
-
-    def _indices(self, bucket: Bucket) -> list[int]:
-        ids = {id(p): i for i, p in enumerate(self.params)}
-        return [ids[id(p)] for p in bucket.params]
 
     def _reset(self) -> None:
         self.ready = [False] * len(self.params)
@@ -298,7 +295,7 @@ class Reducer:
 
     def _copy_out(self, skip: set[int]) -> None:
         for bucket in self.buckets:
-            for i, p, view in zip(self._indices(bucket), bucket.params, bucket.views):
+            for i, p, view in zip(bucket.members, bucket.params, bucket.views):
                 if i in skip:
                     continue
                 if p.grad is None:

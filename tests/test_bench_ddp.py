@@ -18,8 +18,9 @@ def test_bench_ddp_quick(tmp_path):
     assert "torch DDP" in proc.stdout and "the steps/s of torch DDP" in proc.stdout
     rows = json.loads(out.read_text())["rows"]
     assert {(r["world_size"], r["variant"]) for r in rows} == {
-        (p, v) for p in (1, 2) for v in ("minidist overlap", "minidist after", "torch DDP")}
+        (p, v) for p in (1, 2)
+        for v in ("minidist overlap", "minidist after", "minidist naive", "torch DDP")}
     for r in rows:
         assert r["steps_per_s"] > 0 and 0 <= r["comm_share"] < 1
-        assert (r["allreduce_ms"] is None) == (r["variant"] == "torch DDP")
+        assert (r["allreduce_ms"] is None) == (r["variant"] in ("torch DDP", "minidist naive"))
     assert png.stat().st_size > 1000

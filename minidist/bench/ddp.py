@@ -5,6 +5,7 @@ per rank: weak scaling) run under three wrappers, at world sizes 1, 2 and 4, in 
 
 * ``minidist overlap``: ``md.DistributedDataParallel(overlap=True)``, local backend;
 * ``minidist after``: the same with ``overlap=False`` (buckets reduced after backward);
+* ``minidist naive``: ``md.DataParallelNaive``, one blocking all-reduce per gradient;
 * ``torch DDP``: ``torch.nn.parallel.DistributedDataParallel`` on a gloo process group.
 
 Both DDPs use the same bucket cap (torch's default, 25 MiB, unless ``--bucket-cap-mb``) and
@@ -30,10 +31,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import launch
-from ..data_parallel import DistributedDataParallel
+from ..data_parallel import DataParallelNaive, DistributedDataParallel
 from .common import format_table, quick_mode, save_json
 
-VARIANTS = ("minidist overlap", "minidist after", "torch DDP")
+VARIANTS = ("minidist overlap", "minidist after", "minidist naive", "torch DDP")
 FULL = {"width": 1024, "depth": 5, "steps": 30, "world_sizes": (1, 2, 4), "rounds": 3}
 QUICK = {"width": 256, "depth": 3, "steps": 6, "world_sizes": (1, 2), "rounds": 1}
 
@@ -62,6 +63,8 @@ def _wrap(comm, variant: str, model: nn.Module, cfg: dict) -> nn.Module:
     common = {"bucket_cap_mb": cfg["cap"], "gradient_as_bucket_view": cfg["view"]}
     if variant == "torch DDP":
         return nn.parallel.DistributedDataParallel(model, **common)
+    if variant == "minidist naive":
+        return DataParallelNaive(model, comm)
     return DistributedDataParallel(model, comm, overlap=variant == "minidist overlap", **common)
 
 
@@ -177,7 +180,7 @@ def plot(rows: list[dict], path: str) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / len(VARIANTS)
     for k, variant in enumerate(VARIANTS):
-        xs = [i + (k - 1) * width for i in range(len(sizes))]
+        xs = [i + (k - (len(VARIANTS) - 1) / 2) * width for i in range(len(sizes))]
         ax1.bar(xs, [by[p, variant]["steps_per_s"] for p in sizes], width, label=variant)
         ax2.bar(xs, [100 * by[p, variant]["comm_share"] for p in sizes], width, label=variant)
     for ax, label, title in ((ax1, "steps/s", "Training speed (higher is better)"),

@@ -1,0 +1,33 @@
+"""DDP with CUDA parameters: buckets on the GPU, staged through host memory by the local
+backend (two ranks sharing one GPU). Skipped where no GPU is present."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_data_parallel import assert_params_close, batches, mlp, params_of, train
+
+import minidist as md
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")]
+
+
+def _cuda_rank(comm):
+    out = []
+    data = [(x.to(comm.device), y.to(comm.device)) for x, y in batches("mlp")]
+    for overlap in (True, False):
+        model = mlp(seed=comm.rank).to(comm.device)
+        ddp = md.DistributedDataParallel(model, comm, bucket_cap_mb=1e-6, overlap=overlap)
+        train(ddp, data, comm.rank, comm.world_size)
+        out.append([p.cpu() for p in params_of(model)])
+    return out
+
+
+def test_ddp_on_cuda_matches_one_process():
+    ref = mlp().cuda()
+    train(ref, [(x.cuda(), y.cuda()) for x, y in batches("mlp")])
+    want = [p.cpu() for p in params_of(ref)]
+    for rank_out in md.launch(_cuda_rank, 2, device="cuda"):
+        for got in rank_out:
+            assert_params_close(got, want)
