@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from collectives_ref import run_cases
 from conftest import ALL_DTYPES
-from test_collectives import _check_all, _split_cases, all_reduce_cases, other_cases
+from test_collectives import _check_all, all_reduce_cases, other_cases
 from test_collectives_bytes import _cases as byte_cases
 from test_collectives_bytes import _traffic, expected_sent
 from test_collectives_errors import MISMATCHES, _on_every_rank
@@ -45,10 +45,14 @@ def test_auto_is_torch_all_reduce_on_the_world_and_exact_on_every_dtype():
 def test_sub_communicators_on_gloo():
     cases = [c for c in all_reduce_cases(2) if c["dtype"] == torch.float32][::3]
     cases += [c for c in other_cases(2) if c["dtype"] == torch.int64][::3]
-    out = md.launch(_split_cases, 4, args=(cases,), backend="torch")
-    for color in (0, 1):
-        members = [r for r in (3, 2, 1, 0) if r % 2 == color]
-        _check_all(cases, [out[r][2] for r in members], 2)
+    out = md.launch(_split_out_rank_one, 3, args=(cases,), backend="torch")
+    assert out[1] is None
+    _check_all(cases, [out[2], out[0]], 2)  # ranks 2, 0 in that order (key = -rank)
+
+
+def _split_out_rank_one(comm, cases):
+    sub = comm.split(None if comm.rank == 1 else 0, key=-comm.rank)
+    return None if sub is None else run_cases(sub, cases)
 
 
 def test_bytes_on_gloo():
