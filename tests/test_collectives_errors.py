@@ -99,3 +99,17 @@ def test_invalid_arguments_raise_the_same_clear_error_on_every_rank(world_size):
                 continue
             assert err is not None and err[0] == kind and text in err[1], (name, err)
     assert all(o[0] == out[0][0] for o in out)  # the same words on every rank
+
+
+def _only_rank_zero_calls(comm):
+    if comm.rank == 0:
+        md.all_reduce(comm, torch.zeros(3))
+
+
+@pytest.mark.parametrize("backend", ["local", "torch"])
+def test_a_rank_that_never_comes_is_an_error_not_a_hang(backend):
+    with pytest.raises(md.WorkerError) as info:
+        md.launch(_only_rank_zero_calls, 2, backend=backend, timeout=2)
+    assert info.value.rank == 0
+    if backend == "local":  # gloo instead reports that the peer closed the connection
+        assert isinstance(info.value, md.CommTimeout) and "timed out" in str(info.value)

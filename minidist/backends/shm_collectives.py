@@ -143,6 +143,6 @@ class _Barrier:
             if now < spin_until:
                 continue
             if now >= deadline:
-                raise CommTimeout("all_reduce (shared-memory barrier)", None, None,
+                raise CommTimeout("collective (shared-memory barrier)", None, None,
                                   self.timeout, self.rank)
             self.seg.sleep_on_bell(self.my_bell, seen, min(0.05, deadline - now))
