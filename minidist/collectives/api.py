@@ -84,7 +84,7 @@ def reduce_scatter(comm, t, op: str = "sum"):
     allreduce.ring_reduce_scatter(comm, work, bounds, op, TAG["reduce_scatter"])
     shard = work[bounds[r]:bounds[r + 1]].reshape(row_bounds[r + 1] - row_bounds[r],
                                                   *x.shape[1:])
-    return _like(t, ops.finish_(shard, op, p))
+    return _like(t, ops.finish_(shard.clone(), op, p))  # a copy: frees the other p-1 pieces
 
 
 def all_gather(comm, t):
