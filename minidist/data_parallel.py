@@ -166,7 +166,8 @@ class DistributedDataParallel(nn.Module):
     each synchronizing forward. ``gradient_as_bucket_view``: make ``param.grad`` a view into
     its bucket, which saves copying every gradient back after the all-reduce.
     ``comm_hook(comm, bucket) -> tensor`` replaces the default averaging (see
-    ``register_comm_hook``). ``straggler_rank``/``straggler_delay``: that rank sleeps
+    ``register_comm_hook``). ``algorithm``: which all_reduce (``md.ALL_REDUCE_ALGORITHMS``).
+    ``straggler_rank``/``straggler_delay``: that rank sleeps
     ``straggler_delay`` seconds before each forward, to study load imbalance.
 
     Differences from torch's DDP, kept out for clarity: torch uses a 1 MiB first bucket and,

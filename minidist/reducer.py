@@ -9,14 +9,18 @@ Experiences on Accelerating Data Parallel Training", VLDB 2020, sections 3.2 and
   go into buckets in *reverse* registration order, because backward produces the gradients
   of the last layers first. A bucket holds one dtype (one flat buffer).
 * Hooks. An autograd hook on every parameter fires when its gradient has been accumulated.
-  The hook copies the gradient into its bucket slot and, when the bucket's last gradient is
-  in, starts that bucket's all-reduce while backward goes on computing earlier layers.
+  The hook copies the gradient into its bucket slot (dividing by the world size on the way,
+  so the all-reduce only sums) and, when the bucket's last gradient is in, starts that
+  bucket's all-reduce while backward goes on computing earlier layers.
   Buckets are started strictly in index order, so every rank issues the same sequence of
   collectives even if its hooks fire in a different order.
 * Overlap. A collective here is a sequence of blocking sends and receives, so "start" means
   "hand it to a communication thread", just as a torch ProcessGroup runs its work on worker
   threads. At the end of backward (an autograd-engine callback) the Reducer waits for every
-  bucket and writes the averaged gradients back into ``param.grad``.
+  bucket and writes the averaged gradients back into ``param.grad``. Overlap hides
+  communication only where it does not need the cores backward is using (on GPUs the copy
+  engines and the network do it); with as many ranks as cores, the thread's copies and
+  backward's arithmetic take turns, and overlap gains little.
 * Unused parameters. A parameter that got no gradient would keep its bucket from ever being
   ready. With ``find_unused_parameters=True`` the forward pass walks the autograd graph, and
   the parameters it does not reach count as ready (their slot holds their current gradient,
