@@ -47,7 +47,7 @@ def launch(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
     method = start_method or _default_start_method(device)
     threads = _thread_count(threads, method, world_size)
     ctx = mp.get_context(method)
-    spec, owned = _prepare_world(backend, world_size, device, timeout, trace)
+    spec, owned = _prepare_world(backend, world_size, device, timeout, trace, ctx)
     procs, conns, ok = [], [], False
     try:
         with _pickle_referenced_globals():
@@ -112,8 +112,14 @@ def _thread_count(threads: int | None, method: str, world_size: int) -> int:
     return threads
 
 
-def _prepare_world(backend, world_size, device, timeout, trace):
-    """Create what the ranks meet through: a shared segment, or a torch TCPStore."""
+def _prepare_world(backend, world_size, device, timeout, trace, ctx):
+    """Create what the ranks meet through: a shared segment, or (torch backend) a place
+    where rank 0 posts the port of the TCPStore it hosts.
+
+    The store is not hosted here: its server thread would be running when the next ranks
+    are forked, and a child forked while another thread holds a lock inherits the lock
+    held forever (about one 4-rank launch in seven then hung in the rendezvous).
+    """
     spec = WorldSpec(backend, world_size, device=str(device), timeout=float(timeout),
                      trace=trace)
     if backend == "local":
@@ -122,19 +128,8 @@ def _prepare_world(backend, world_size, device, timeout, trace):
         seg = Segment.create(world_size)
         spec.shm_name = seg.name
         return spec, seg
-    store = host_store()
-    spec.store_port = store.port
-    return spec, store
-
-
-def host_store():
-    """A TCPStore on a port the OS picks, so concurrent launches never collide on a port."""
-    import datetime
-
-    import torch.distributed as dist
-
-    return dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=60),
-                         wait_for_workers=False)
+    spec.store_meeting = (ctx.Value("i", 0, lock=False), ctx.Event())
+    return spec, None
 
 
 def _worker(rank, spec, threads, fn, args, kwargs, conn) -> None:

@@ -15,8 +15,6 @@ import subprocess
 import sys
 import time
 
-from .launch import host_store
-
 
 def run(nprocs: int, command: list[str], backend: str = "local", device: str = "cpu",
         timeout: float | None = None) -> int:
@@ -87,6 +85,17 @@ def _stop(procs: list[subprocess.Popen]) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def host_store():
+    """A TCPStore on a port the OS picks, so concurrent launches never collide on a port.
+    (The ranks are started with fork+exec, so its server thread cannot hurt them.)"""
+    import datetime
+
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=60),
+                         wait_for_workers=False)
 
 
 def _die_with_parent() -> None:

@@ -21,6 +21,7 @@ import torch
 from .backends.local import LocalTransport
 from .backends.shm import Segment
 from .comm import Communicator
+from .errors import CommTimeout
 from .trace import Timeline
 
 BACKENDS = ("local", "torch")
@@ -36,6 +37,7 @@ class WorldSpec:
     shm_name: str | None = None
     store_host: str = "127.0.0.1"
     store_port: int | None = None
+    store_meeting: tuple | None = None  # (port Value, ready Event): rank 0 hosts the store
     device: str = "cpu"
     timeout: float = DEFAULT_TIMEOUT
     trace: bool = False
@@ -78,14 +80,33 @@ def _torch_transport(spec: WorldSpec, rank: int, device: torch.device):
 
     timeout = datetime.timedelta(seconds=spec.timeout)
     pg_backend = "nccl" if device.type == "cuda" else "gloo"
-    if spec.store_port is None:  # torchrun: the env:// rendezvous
+    if spec.store_port is None and spec.store_meeting is None:  # torchrun: env://
         dist.init_process_group(pg_backend, init_method="env://", timeout=timeout)
-    else:  # minidist's launchers host the store themselves and pass its port
-        store = dist.TCPStore(spec.store_host, spec.store_port, spec.world_size,
-                              is_master=False, timeout=timeout)
-        dist.init_process_group(pg_backend, store=store, rank=rank,
+    else:
+        dist.init_process_group(pg_backend, store=_store(spec, rank, timeout), rank=rank,
                                 world_size=spec.world_size, timeout=timeout)
     return TorchTransport(device, owns_group=True)
+
+
+def _store(spec: WorldSpec, rank: int, timeout: datetime.timedelta):
+    """The TCPStore the ranks meet at. ``minidist run`` hosts one and passes its port;
+    under ``md.launch`` rank 0 hosts it on a port the OS picks and posts the port."""
+    import torch.distributed as dist
+
+    if spec.store_meeting is None:
+        return dist.TCPStore(spec.store_host, spec.store_port, spec.world_size,
+                             is_master=False, timeout=timeout)
+    port, ready = spec.store_meeting
+    if rank == 0:
+        store = dist.TCPStore(spec.store_host, 0, spec.world_size, is_master=True,
+                              timeout=timeout, wait_for_workers=False)
+        port.value = store.port
+        ready.set()
+        return store
+    if not ready.wait(spec.timeout):
+        raise CommTimeout("rendezvous", 0, None, spec.timeout, rank)
+    return dist.TCPStore(spec.store_host, port.value, spec.world_size, is_master=False,
+                         timeout=timeout)
 
 
 def init(backend: str | None = None, device: str | None = None,
