@@ -22,7 +22,6 @@ from ..backends import shm_collectives
 from ..collectives import ALL_REDUCE_ALGORITHMS, all_reduce
 from ..collectives.auto import choose
 from ..collectives.common import agree, describe
-from ..errors import WorkerError
 from .common import format_table, iterations_for, median_time, quick_mode, save_json
 
 SIZES = [4 << (2 * k) for k in range(13)]  # 4 B, 16 B, ..., 64 MiB
@@ -72,20 +71,6 @@ def _time_gloo(comm, sizes, iters):
     return times
 
 
-def _launch_gloo(world_size, sizes, iters, tries=3):
-    """Launch the gloo timing; retry when torch's rendezvous stalls. A rank forked while
-    launch's TCPStore thread runs in the parent sometimes fails to join the store (about
-    one 4-rank launch in ten here; reported, not fixed here)."""
-    for attempt in range(tries):
-        try:
-            return launch(_time_gloo, world_size, args=(sizes, iters), backend="torch",
-                          timeout=60)
-        except WorkerError as e:
-            if "DistStoreError" not in str(e) or attempt == tries - 1:
-                raise
-            print(f"(gloo rendezvous stalled, retrying: {str(e).splitlines()[0]})")
-
-
 def measure(world_size: int, sizes, quick: bool) -> tuple[list[dict], dict]:
     """Rows (one per algorithm and size) and auto's picks for one world size.
 
@@ -98,7 +83,7 @@ def measure(world_size: int, sizes, quick: bool) -> tuple[list[dict], dict]:
     best = {a: dict.fromkeys(sizes, float("inf")) for a in ALGORITHMS + ["gloo"]}
     for _ in range(rounds):
         local = launch(_time_minidist, world_size, args=(sizes, ALGORITHMS, iters))
-        gloo = _launch_gloo(world_size, sizes, iters)
+        gloo = launch(_time_gloo, world_size, args=(sizes, iters), backend="torch")
         for n in sizes:
             for a in ALGORITHMS:
                 best[a][n] = min(best[a][n], max(r[0][a][n] for r in local))
