@@ -28,6 +28,8 @@ ANY_SOURCE = -1
 UNDEFINED = None  # split(color=UNDEFINED) leaves the rank out, as MPI_UNDEFINED does
 _WORLD_CTX = 2  # user contexts are even; ctx + 1 carries barrier/split control messages
 _EMPTY = torch.empty(0, dtype=torch.uint8)
+# Tags of the control context (ctx + 1): barrier rounds use -1, -2, -4, ...; these are apart.
+_ALLGATHER_TAG = -(1 << 40)
 log = logging.getLogger("minidist")
 
 
@@ -241,9 +243,9 @@ class Communicator:
         mine = torch.tensor(values, dtype=torch.int64)
         out = [mine.clone() if r == self.rank else torch.empty_like(mine)
                for r in range(self.world_size)]
-        recvs = [self._irecv(out[r], r, -1, self._ctx + 1, count=False)
+        recvs = [self._irecv(out[r], r, _ALLGATHER_TAG, self._ctx + 1, count=False)
                  for r in range(self.world_size) if r != self.rank]
-        sends = [self._isend(mine, r, -1, self._ctx + 1, count=False)
+        sends = [self._isend(mine, r, _ALLGATHER_TAG, self._ctx + 1, count=False)
                  for r in range(self.world_size) if r != self.rank]
         for req in sends + recvs:
             req.wait(op="split")
