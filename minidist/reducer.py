@@ -224,15 +224,19 @@ class Reducer:
 
     def _launch_ready_buckets(self) -> None:
         """Start every ready bucket, in index order only: bucket b+1 waits for bucket b, so
-        all ranks issue the same collectives in the same order."""
-        while self.next_bucket < len(self.buckets) and self.pending[self.next_bucket] == 0:
+        all ranks issue the same collectives in the same order. The last bucket is left to
+        the end-of-backward callback: it is ready when backward is over, so there is nothing
+        left to overlap it with, and the caller's thread runs it without a hand-over."""
+        last = len(self.buckets) - 1
+        while self.next_bucket < last and self.pending[self.next_bucket] == 0:
             bucket = self.buckets[self.next_bucket]
             self.next_bucket += 1
             self.pending_at_launch.append(self.ready.count(False))
             self.futures.append(self.thread.submit(lambda b=bucket: self._reduce(b)))
 
     def _reduce(self, bucket: Bucket) -> float:
-        """Run the comm hook on one bucket (on the comm thread when overlapping)."""
+        """Run the comm hook on one bucket (on the comm thread for buckets started during
+        backward)."""
         start = time.perf_counter()
         if self.hook is None:  # gradients were divided by the world size in _copy_in
             out = all_reduce(self.comm, bucket.buffer, op="sum", algorithm=self.algorithm)
@@ -261,11 +265,10 @@ class Reducer:
             missing = [i for i, r in enumerate(self.ready) if not r]
             if missing:
                 raise RuntimeError(self._missing_message(missing))
-            if self.overlap:
-                comm_s = sum(f.result() for f in self.futures)
-            else:  # the plain bucketed version: reduce after backward, one bucket at a time
-                self.pending_at_launch = [0] * len(self.buckets)
-                comm_s = sum(self._reduce(b) for b in self.buckets)
+            comm_s = sum(f.result() for f in self.futures)  # the buckets started in backward
+            rest = self.buckets[self.next_bucket:]  # all of them without overlap
+            self.pending_at_launch += [0] * len(rest)
+            comm_s += sum(self._reduce(b) for b in rest)  # on this thread, after backward
             self._copy_out(self._globally_unused() if self.find_unused else set())
         except BaseException:
             self._drain()

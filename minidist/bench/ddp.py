@@ -36,7 +36,7 @@ from ..data_parallel import DataParallelNaive, DistributedDataParallel
 from .common import format_table, quick_mode, save_json
 
 VARIANTS = ("minidist overlap", "minidist after", "minidist naive", "torch DDP")
-FULL = {"width": 1024, "depth": 5, "steps": 30, "world_sizes": (1, 2, 4), "rounds": 3}
+FULL = {"width": 1024, "depth": 5, "steps": 30, "world_sizes": (1, 2, 4), "rounds": 5}
 QUICK = {"width": 256, "depth": 3, "steps": 6, "world_sizes": (1, 2), "rounds": 1}
 
 
