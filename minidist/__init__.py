@@ -17,6 +17,7 @@ from .collectives import (
     CollectiveMismatchError,
     all_gather,
     all_reduce,
+    all_reduce_coalesced,
     all_to_all,
     broadcast,
     gather,
@@ -40,6 +41,7 @@ __all__ = [
     "MessageMismatchError", "MinidistError", "WorkerError", "Results", "launch", "init",
     "CommStats", "PeerStats", "Timeline", "plot_gantt", "to_chrome_trace",
     "ALL_REDUCE_ALGORITHMS", "CollectiveMismatchError", "all_gather", "all_reduce",
-    "all_to_all", "broadcast", "gather", "reduce", "reduce_scatter", "scatter",
+    "all_reduce_coalesced", "all_to_all", "broadcast", "gather", "reduce", "reduce_scatter",
+    "scatter",
     "DataParallelNaive", "DistributedDataParallel", "DistributedSampler",
 ]

@@ -10,7 +10,7 @@ in charge of element range r, [m r / p, m (r + 1) / p) of the piece's m elements
                                                             barrier
     2. rank r reduces range r: its own tensor and the other p-1 slots, in rank order, one
        float32 accumulator for 16-bit floats (``collectives/ops.py``), into range r of
-       the result slot and of its own tensor;               barrier
+       the result slot (dividing it by p for ``avg``) and of its own tensor;   barrier
     3. rank r copies the other ranges of the result slot into its tensor.
 
 Each element is reduced by exactly one rank, so every rank gets the same bits. A rank writes
@@ -23,6 +23,9 @@ calls and two barriers: with 64 KiB pieces a 16 MiB all_reduce took 5 times as l
 The barriers are counters in shared memory, not messages: a few microseconds when every
 rank has a core, a futex sleep otherwise.
 
+The tensor may also be a list of tensors, reduced as their concatenation (DDP's buckets of
+gradients, reduced where they lie).
+
 Cost per rank: copy (p-1)/p n in, read n and write 2n/p to reduce, copy (p-1)/p n out, two
 barriers per piece; no messages at all, so ``comm.stats`` does not count these bytes. Used by
 ``auto`` on the world communicator only: every world rank owns its slot, whereas ranks of two
@@ -31,6 +34,7 @@ split-off communicators could run at the same time and would share the slots.
 
 from __future__ import annotations
 
+import bisect
 import time
 
 import torch
@@ -75,32 +79,76 @@ def same_everywhere(comm, h: int) -> bool:
     return all(w.value == h for w in hashes)
 
 
-def all_reduce_shm(comm, x: torch.Tensor, op: str) -> torch.Tensor:
-    """Reduce ``x`` (flat, CPU) over all ranks in place, through the segment's scratch area."""
+def all_reduce_shm(comm, xs, op: str):
+    """Reduce over all ranks in place, through the segment's scratch area; ``op="avg"``
+    included (the rank in charge of a range divides it before the others copy it out).
+
+    ``xs`` is one flat CPU tensor, or a list of flat CPU tensors of one dtype reduced as if
+    they were concatenated (``all_reduce_coalesced``: DDP's gradients go through the slots
+    straight from ``param.grad``, without being copied into a bucket first and back after).
+    """
     seg, p, r = comm._transport.seg, comm.world_size, comm.rank
-    slots = _slots(seg, p, x.dtype)  # 0..p-1: one per rank; p: the result
+    flat = _Concat([xs] if isinstance(xs, torch.Tensor) else list(xs))
+    slots = _slots(seg, p, flat.dtype)  # 0..p-1: one per rank; p: the result
     mine, result, barrier = slots[r], slots[p], _Barrier(comm)
     step = slots[0].numel()
-    for start in range(0, x.numel(), step):
-        piece = x[start:start + step]
-        m = piece.numel()
+    for start in range(0, flat.numel, step):
+        m = min(step, flat.numel - start)
         lo, hi = m * r // p, m * (r + 1) // p  # my range; nobody else reads it
-        _copy(mine[:lo], piece[:lo])
-        _copy(mine[hi:m], piece[hi:])
+        flat.gather(start, start + lo, mine)
+        flat.gather(start + hi, start + m, mine, at=hi)
         barrier.wait()
         if hi > lo:
-            parts = [piece[lo:hi] if k == r else slots[k][lo:hi] for k in range(p)]
-            ops.reduce_all(parts, op, result[lo:hi])
-            piece[lo:hi].copy_(result[lo:hi])
+            own = flat.range(start + lo, start + hi, mine, at=lo)  # a view, or copied in
+            parts = [own if k == r else slots[k][lo:hi] for k in range(p)]
+            ops.finish_(ops.reduce_all(parts, op, result[lo:hi]), op, p)
+            flat.scatter(start + lo, start + hi, result, at=lo)
         barrier.wait()
-        _copy(piece[:lo], result[:lo])
-        _copy(piece[hi:], result[hi:m])
-    return x
+        flat.scatter(start, start + lo, result)
+        flat.scatter(start + hi, start + m, result, at=hi)
+    return xs
 
 
-def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
-    if dst.numel():  # tiny tensors leave most ranges empty: skip the call
-        dst.copy_(src)
+class _Concat:
+    """Several flat tensors seen as one: copy element ranges ``[a, b)`` of the concatenation
+    to and from a contiguous slot, one ``copy_`` per tensor the range touches."""
+
+    def __init__(self, tensors: list[torch.Tensor]):
+        self.tensors = [t for t in tensors if t.numel()]
+        self.dtype = tensors[0].dtype
+        self.starts = [0]
+        for t in self.tensors:
+            self.starts.append(self.starts[-1] + t.numel())
+        self.numel = self.starts[-1]
+
+    def _pieces(self, a: int, b: int):
+        """(tensor, offset in it, offset from a, length) for each tensor [a, b) touches."""
+        i = bisect.bisect_right(self.starts, a) - 1
+        while a < b:
+            t, t0 = self.tensors[i], self.starts[i]
+            n = min(b, self.starts[i + 1]) - a
+            yield t, a - t0, a, n
+            a, i = a + n, i + 1
+
+    def gather(self, a: int, b: int, slot: torch.Tensor, at: int = 0) -> None:
+        """slot[at : at + b - a] = concatenation[a:b]"""
+        for t, off, pos, n in self._pieces(a, b):
+            slot[at + pos - a:at + pos - a + n].copy_(t[off:off + n])
+
+    def scatter(self, a: int, b: int, slot: torch.Tensor, at: int = 0) -> None:
+        """concatenation[a:b] = slot[at : at + b - a]"""
+        for t, off, pos, n in self._pieces(a, b):
+            t[off:off + n].copy_(slot[at + pos - a:at + pos - a + n])
+
+    def range(self, a: int, b: int, slot: torch.Tensor, at: int) -> torch.Tensor:
+        """concatenation[a:b] as a view when it lies in one tensor, else gathered into
+        ``slot[at:]`` (a part of the slot nobody else reads)."""
+        pieces = list(self._pieces(a, b))
+        if len(pieces) == 1:
+            t, off, _, n = pieces[0]
+            return t[off:off + n]
+        self.gather(a, b, slot, at)
+        return slot[at:at + b - a]
 
 
 def _slots(seg, p: int, dtype: torch.dtype) -> list[torch.Tensor]:

@@ -5,6 +5,7 @@ from .api import (
     ALL_REDUCE_ALGORITHMS,
     all_gather,
     all_reduce,
+    all_reduce_coalesced,
     all_to_all,
     broadcast,
     gather,
@@ -16,5 +17,5 @@ from .common import CollectiveMismatchError
 from .ops import OPS
 
 __all__ = ["ALL_REDUCE_ALGORITHMS", "OPS", "CollectiveMismatchError", "all_gather",
-           "all_reduce", "all_to_all", "broadcast", "gather", "reduce", "reduce_scatter",
-           "scatter"]
+           "all_reduce", "all_reduce_coalesced", "all_to_all", "broadcast", "gather", "reduce",
+           "reduce_scatter", "scatter"]

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .. import tensors
+from ..backends import shm_collectives
 from . import allreduce, auto, ops
 from .basic import all_to_all_pairwise, broadcast_tree, gather_linear, reduce_tree, scatter_linear
 from .common import TAG, agree, as_flat, check_root, chunk_bounds, describe
@@ -32,17 +33,60 @@ def all_reduce(comm, t, op: str = "sum", algorithm: str = "auto"):
     """
     agree(comm, describe("all_reduce", t, op=op, algorithm=algorithm))
     x = as_flat(t, "all_reduce tensor")
-    ops.check_op(op, x.dtype, "all_reduce")
-    if algorithm not in ALL_REDUCE_ALGORITHMS:
-        raise ValueError(f"all_reduce: unknown algorithm {algorithm!r}; choose one of "
-                         f"{', '.join(ALL_REDUCE_ALGORITHMS)}")
-    if comm.world_size > 1:
-        if algorithm == "auto":
-            auto.all_reduce_auto(comm, x, op, ALGORITHMS)
-        else:
-            ALGORITHMS[algorithm](comm, x, op)
-    ops.finish_(x, op, comm.world_size)
+    _check_all_reduce(x, op, algorithm, "all_reduce")
+    _all_reduce_flat(comm, x, op, algorithm)
     return t
+
+
+def all_reduce_coalesced(comm, tensors_, op: str = "sum", algorithm: str = "auto",
+                         buffer: torch.Tensor | None = None):
+    """Reduce a list of tensors of one dtype as one all_reduce of their concatenation
+    (torch's ``all_reduce_coalesced``), in place; returns the list.
+
+    One latency for many small tensors, as DDP's buckets do. Where ``auto`` takes the
+    shared-memory path the tensors are reduced where they lie; otherwise they are copied
+    into one flat buffer (``buffer`` if given, large enough, else a new one) and back.
+    """
+    xs = [as_flat(t, "all_reduce_coalesced tensor") for t in tensors_]
+    total = sum(x.numel() for x in xs)
+    head = xs[0] if xs else torch.empty(0)
+    agree(comm, describe("all_reduce_coalesced", head, shape=(len(xs), total), op=op,
+                         algorithm=algorithm))
+    if any(x.dtype != head.dtype or x.device != head.device for x in xs):
+        raise TypeError("all_reduce_coalesced: the tensors must share one dtype and device")
+    _check_all_reduce(head, op, algorithm, "all_reduce_coalesced")
+    if comm.world_size == 1 or not total:
+        return list(tensors_)
+    nbytes = total * head.element_size()
+    if algorithm == "auto" and auto.choose(comm, head, nbytes) == "shm":
+        shm_collectives.all_reduce_shm(comm, xs, op)
+        return list(tensors_)
+    flat = buffer[:total] if buffer is not None and buffer.numel() >= total else \
+        torch.empty(total, dtype=head.dtype, device=head.device)
+    torch.cat(xs, out=flat)
+    _all_reduce_flat(comm, flat, op, algorithm)
+    for x, part in zip(xs, flat.split([x.numel() for x in xs])):
+        x.copy_(part)
+    return list(tensors_)
+
+
+def _check_all_reduce(x: torch.Tensor, op: str, algorithm: str, what: str) -> None:
+    ops.check_op(op, x.dtype, what)
+    if algorithm not in ALL_REDUCE_ALGORITHMS:
+        raise ValueError(f"{what}: unknown algorithm {algorithm!r}; choose one of "
+                         f"{', '.join(ALL_REDUCE_ALGORITHMS)}")
+
+
+def _all_reduce_flat(comm, x: torch.Tensor, op: str, algorithm: str) -> None:
+    """The all_reduce itself, on a flat tensor the ranks have agreed on."""
+    if comm.world_size == 1:
+        return
+    if algorithm == "auto":
+        if auto.all_reduce_auto(comm, x, op, ALGORITHMS) == "shm":
+            return  # the shared-memory path divides for avg itself
+    else:
+        ALGORITHMS[algorithm](comm, x, op)
+    ops.finish_(x, op, comm.world_size)
 
 
 def broadcast(comm, t, src: int = 0):

@@ -45,24 +45,28 @@ MEASURED = {
 }
 
 
-def choose(comm, x: torch.Tensor) -> str:
-    """The name of the path ``auto`` takes for ``x`` on ``comm``."""
+def choose(comm, x: torch.Tensor, nbytes: int | None = None) -> str:
+    """The name of the path ``auto`` takes for ``x`` (or ``nbytes`` of its kind) on ``comm``."""
     if _native_ok(comm, x):
         return "native"
     table = MEASURED[min(MEASURED, key=lambda q: abs(math.log2(q / comm.world_size)))]
     shm = shm_collectives.available(comm, x)
-    nbytes = x.numel() * x.element_size()
+    nbytes = x.numel() * x.element_size() if nbytes is None else nbytes
     return min((a for a in table if a != "shm" or shm),
                key=lambda a: table[a][0] * 1e-6 + nbytes / (table[a][1] * 1e9))
 
 
-def all_reduce_auto(comm, x: torch.Tensor, op: str, algorithms: dict) -> torch.Tensor:
+def all_reduce_auto(comm, x: torch.Tensor, op: str, algorithms: dict) -> str:
+    """Reduce ``x`` in place by the path ``choose`` names; returns that name. The shared-
+    memory path completes ``avg`` itself; the others leave the division to the caller."""
     name = choose(comm, x)
     if name == "native":
-        return _native(comm, x, op)
-    if name == "shm":
-        return shm_collectives.all_reduce_shm(comm, x, op)
-    return algorithms[name](comm, x, op)
+        _native(comm, x, op)
+    elif name == "shm":
+        shm_collectives.all_reduce_shm(comm, x, op)
+    else:
+        algorithms[name](comm, x, op)
+    return name
 
 
 _NATIVE_OPS = {"sum": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN", "prod": "PRODUCT"}
