@@ -9,9 +9,13 @@ Experiences on Accelerating Data Parallel Training", VLDB 2020, sections 3.2 and
   go into buckets in *reverse* registration order, because backward produces the gradients
   of the last layers first. A bucket holds one dtype (one flat buffer).
 * Hooks. An autograd hook on every parameter fires when its gradient has been accumulated.
-  The hook copies the gradient into its bucket slot (dividing by the world size on the way,
-  so the all-reduce only sums) and, when the bucket's last gradient is in, starts that
-  bucket's all-reduce while backward goes on computing earlier layers.
+  With a comm hook (or 16-bit gradients) it copies the gradient into its bucket slot,
+  dividing by the world size on the way so the all-reduce only sums, as torch does; by
+  default the gradient stays where it is and the bucket is averaged in place by one
+  ``all_reduce_coalesced``, which on the local backend reads and writes ``param.grad``
+  through shared memory and so skips the two copies (in and out of the bucket). When the
+  bucket's last gradient is in, the hook starts that bucket's all-reduce while backward
+  goes on computing earlier layers.
   Buckets are started strictly in index order, so every rank issues the same sequence of
   collectives even if its hooks fire in a different order.
 * Overlap. A collective here is a sequence of blocking sends and receives, so "start" means
@@ -39,7 +43,9 @@ from concurrent.futures import Future
 import torch
 from torch import nn
 
-from .collectives import all_reduce
+from .collectives import all_reduce, all_reduce_coalesced
+
+_COALESCE_DTYPES = (torch.float32, torch.float64)
 
 
 class Bucket:
@@ -56,6 +62,7 @@ class Bucket:
         sizes = [p.numel() for p in params]
         self.buffer = torch.zeros(sum(sizes), dtype=params[0].dtype, device=params[0].device)
         self.views = [chunk.view_as(p) for chunk, p in zip(self.buffer.split(sizes), params)]
+        self.temps: dict[int, torch.Tensor] = {}  # slot k -> stand-in for a missing .grad
 
     @property
     def nbytes(self) -> int:
@@ -207,6 +214,8 @@ class Reducer:
         """Put the gradient into its bucket slot. Without a comm hook, divide by the world
         size on the way (as torch does), which saves a pass over the bucket: the all-reduce
         then just sums."""
+        if self._in_place(bucket):  # the gradient stays in .grad: see _reduce_in_place
+            return
         p, view = bucket.params[k], bucket.views[k]
         divisor = self.comm.world_size if self.hook is None else 1
         if p.grad is None:  # an unused parameter contributes zeros
@@ -238,7 +247,9 @@ class Reducer:
         """Run the comm hook on one bucket (on the comm thread for buckets started during
         backward)."""
         start = time.perf_counter()
-        if self.hook is None:  # gradients were divided by the world size in _copy_in
+        if self._in_place(bucket):
+            out = self._reduce_in_place(bucket)
+        elif self.hook is None:  # gradients were divided by the world size in _copy_in
             out = all_reduce(self.comm, bucket.buffer, op="sum", algorithm=self.algorithm)
         else:
             out = self.hook(self.comm, bucket)
@@ -253,6 +264,34 @@ class Reducer:
         self.comm.timeline.record(f"bucket {bucket.index}", "collective", start, end,
                                   bucket.nbytes)
         return end - start
+
+    def _in_place(self, bucket: Bucket) -> bool:
+        """Reduce this bucket's gradients where they lie? Not with a comm hook (it gets the
+        flat buffer), nor with bucket views (already flat), nor for 16-bit gradients (their
+        sum could overflow: those are divided first, as torch does)."""
+        return (self.hook is None and not self.as_view
+                and bucket.buffer.dtype in _COALESCE_DTYPES)
+
+    def _reduce_in_place(self, bucket: Bucket) -> torch.Tensor:
+        """Average the bucket's gradients where they lie, as one coalesced all-reduce.
+
+        On a local-backend world communicator that goes through shared memory straight from
+        ``param.grad`` and back, skipping the copy into the bucket and the copy out of it
+        (two passes over every gradient, which cost as much as the reduction itself here);
+        elsewhere ``all_reduce_coalesced`` packs them into ``bucket.buffer`` as torch does.
+        A missing or unused gradient is reduced through a stand-in, written back at the end
+        unless no rank used the parameter."""
+        grads, unused = [], set(self.unused)
+        bucket.temps = {}
+        for k, (i, p) in enumerate(zip(bucket.members, bucket.params)):
+            g = p.grad
+            if g is None or i in unused or not g.is_contiguous():
+                g = torch.zeros_like(p) if g is None else g.contiguous().clone()
+                bucket.temps[k] = g
+            grads.append(g)
+        all_reduce_coalesced(self.comm, grads, op="avg", algorithm=self.algorithm,
+                             buffer=bucket.buffer)
+        return bucket.buffer
 
     # -- backward side: end of the pass -------------------------------------------------------
     def _finalize(self) -> None:
@@ -302,6 +341,9 @@ class Reducer:
 
     def _copy_out(self, skip: set[int]) -> None:
         for bucket in self.buckets:
+            if self._in_place(bucket):
+                self._write_temps(bucket, skip)
+                continue
             for i, p, view in zip(bucket.members, bucket.params, bucket.views):
                 if i in skip:
                     continue
@@ -309,6 +351,18 @@ class Reducer:
                     p.grad = view if self.as_view else view.clone()
                 elif p.grad.data_ptr() != view.data_ptr():
                     p.grad.copy_(view)
+
+    @staticmethod
+    def _write_temps(bucket: Bucket, skip: set[int]) -> None:
+        for k, g in bucket.temps.items():
+            p = bucket.params[k]
+            if bucket.members[k] in skip:
+                continue
+            if p.grad is None:
+                p.grad = g.view_as(p)
+            else:
+                p.grad.copy_(g.view_as(p))
+        bucket.temps = {}
 
     def _missing_message(self, missing: list[int]) -> str:
         names = [self.names[i] for i in missing]

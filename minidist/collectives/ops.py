@@ -15,7 +15,8 @@ How float16 and bfloat16 accumulate (the same rule everywhere, stated once here)
   several tensors at once (the root of ``naive``, the inner nodes of ``tree``, the
   shared-memory path of ``auto``) it keeps a float32 accumulator across all of them and
   rounds once at the end, which is closer to the exact sum (``avg`` then divides the
-  rounded sum, a second rounding);
+  rounded sum, a second rounding; the shared-memory path divides the float32 accumulator
+  before its one rounding);
 * every element's final value is computed on exactly one rank and copied to the others, so
   the result is bitwise identical on every rank. Different algorithms round at different
   points, so two algorithms may differ in the last bit of a 16-bit result (as NCCL's ring and
@@ -80,15 +81,20 @@ def finish_(x: torch.Tensor, op: str, world_size: int) -> torch.Tensor:
     return x
 
 
-def reduce_all(parts: list[torch.Tensor], op: str, out: torch.Tensor) -> torch.Tensor:
+def reduce_all(parts: list[torch.Tensor], op: str, out: torch.Tensor,
+               finish: bool = False) -> torch.Tensor:
     """``out = parts[0] op parts[1] op ...`` with one float32 accumulator for 16-bit floats,
-    rounded once. Used where one rank sees every input at once."""
+    rounded once. Used where one rank sees every input at once. With ``finish``, ``avg``
+    divides the accumulator by ``len(parts)`` before that rounding (so a float16 sum larger
+    than 65504 still averages to a finite number)."""
     if out.dtype in HALF_DTYPES:
         acc = parts[0].to(torch.float32)
     else:
         acc = out if out.data_ptr() == parts[0].data_ptr() else out.copy_(parts[0])
     for part in parts[1:]:
         combine(acc, part, op, out=acc)
+    if finish:
+        finish_(acc, op, len(parts))
     return round_into(out, acc)
 
 
