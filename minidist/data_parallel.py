@@ -225,7 +225,7 @@ class DistributedDataParallel(nn.Module):
         """Replace how a bucket is reduced (torch: ``register_comm_hook``). ``hook(comm,
         bucket)`` gets this rank's gradients in ``bucket.buffer`` and returns their average
         over the ranks (``bucket.buffer`` itself, or a tensor of its shape and dtype); it runs
-        on the communication thread when overlapping. ``reducer.allreduce_hook`` is the
+        on the communication thread when overlapping. ``buckets.allreduce_hook`` is the
         default written as a hook. Gradient compression plugs in here."""
         if not callable(hook):
             raise TypeError(f"comm hook must be callable, got {type(hook).__name__}")
