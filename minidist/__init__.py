@@ -12,9 +12,9 @@
 See docs/architecture.md for the layers and where each thing lives.
 """
 
+from . import costmodel, models
 from .collectives import (
     ALL_REDUCE_ALGORITHMS,
-    CollectiveMismatchError,
     all_gather,
     all_reduce,
     all_reduce_coalesced,
@@ -25,13 +25,17 @@ from .collectives import (
     reduce_scatter,
     scatter,
 )
-from .comm import ANY_SOURCE, UNDEFINED, Communicator, Request
-from .data_parallel import DataParallelNaive, DistributedDataParallel
-from .errors import CommError, CommTimeout, MessageMismatchError, MinidistError, WorkerError
-from .launch import Results, launch
-from .runtime import init
-from .sampler import DistributedSampler
-from .stats import CommStats, PeerStats
+from .comm import ANY_SOURCE, UNDEFINED, CommStats, Communicator, PeerStats, Request
+from .errors import (
+    CollectiveMismatchError,
+    CommError,
+    CommTimeout,
+    MessageMismatchError,
+    MinidistError,
+    WorkerError,
+)
+from .launch import Results, init, launch
+from .parallel.data import DataParallelNaive, DistributedDataParallel, DistributedSampler
 from .trace import Timeline, plot_gantt, to_chrome_trace
 
 __version__ = "0.1.0"
@@ -44,4 +48,5 @@ __all__ = [
     "all_reduce_coalesced", "all_to_all", "broadcast", "gather", "reduce", "reduce_scatter",
     "scatter",
     "DataParallelNaive", "DistributedDataParallel", "DistributedSampler",
+    "costmodel", "models",
 ]

@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "run":
-        from .runner import run
+        from .launch.script_runner import run
 
         if args.module:
             command = ["-m", args.module] + ([args.script] if args.script else []) + args.args

@@ -42,6 +42,10 @@ class MessageMismatchError(CommError, ValueError):
     """Sender and receiver disagree on a message's size or dtype."""
 
 
+class CollectiveMismatchError(MessageMismatchError):
+    """Ranks called a collective with different shapes, dtypes, ops or roots."""
+
+
 class WorkerError(MinidistError):
     """A rank started by :func:`minidist.launch` raised or died.
 

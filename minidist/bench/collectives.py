@@ -17,12 +17,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import launch
-from ..backends import shm_collectives
 from ..collectives import ALL_REDUCE_ALGORITHMS, all_reduce
+from ..collectives import shared_memory as shm_collectives
+from ..collectives.agreement import agree, describe
 from ..collectives.auto import choose
-from ..collectives.common import agree, describe
-from .common import format_table, iterations_for, median_time, quick_mode, save_json
+from ..launch import launch
+from .timing import format_table, iterations_for, median_time, quick_mode, save_json
 
 SIZES = [4 << (2 * k) for k in range(13)]  # 4 B, 16 B, ..., 64 MiB
 QUICK_SIZES = [4, 1024, 64 << 10, 1 << 20, 16 << 20]

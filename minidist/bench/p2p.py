@@ -19,8 +19,8 @@ import time
 import numpy as np
 import torch
 
-from .. import launch
-from .common import format_table, iterations_for, median_time, quick_mode, save_json
+from ..launch import launch
+from .timing import format_table, iterations_for, median_time, quick_mode, save_json
 
 SIZES = [4, 64, 1024, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [4, 1024, 64 << 10, 1 << 20, 16 << 20]

@@ -1,6 +1,7 @@
 """Collectives built from point-to-point messages: see ``api.py`` for the public functions,
 ``allreduce.py`` and ``basic.py`` for the algorithms, ``ops.py`` for reduction rules."""
 
+from ..errors import CollectiveMismatchError
 from .api import (
     ALL_REDUCE_ALGORITHMS,
     all_gather,
@@ -13,7 +14,6 @@ from .api import (
     reduce_scatter,
     scatter,
 )
-from .common import CollectiveMismatchError
 from .ops import OPS
 
 __all__ = ["ALL_REDUCE_ALGORITHMS", "OPS", "CollectiveMismatchError", "all_gather",

@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from .basic import broadcast_tree, reduce_tree
-from .common import TAG, chunk_bounds
+from .rooted import broadcast_tree, reduce_tree
+from .tags import TAG, chunk_bounds
 
 
 def naive(comm, x: torch.Tensor, op: str) -> torch.Tensor:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import tensors
-from ..backends import shm_collectives
+from ..comm import tensors
 from . import allreduce, auto, ops
-from .basic import all_to_all_pairwise, broadcast_tree, gather_linear, reduce_tree, scatter_linear
-from .common import TAG, agree, as_flat, check_root, chunk_bounds, describe
+from . import shared_memory as shm_collectives
+from .agreement import agree, describe
+from .rooted import all_to_all_pairwise, broadcast_tree, gather_linear, reduce_tree, scatter_linear
+from .tags import TAG, as_flat, check_root, chunk_bounds
 
 ALGORITHMS = {"naive": allreduce.naive, "tree": allreduce.tree, "ring": allreduce.ring,
               "recursive_doubling": allreduce.recursive_doubling,

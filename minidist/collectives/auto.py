@@ -7,7 +7,7 @@ Fast paths:
   NCCL tune their own algorithms). Split-off communicators are not process groups, so they
   use minidist's algorithms. These bytes do not show up in ``comm.stats``.
 * ``local`` backend, world communicator, CPU tensor: the shared-memory reduction of
-  ``backends/shm_collectives.py`` competes with the message-passing algorithms on its
+  ``collectives/shared_memory.py`` competes with the message-passing algorithms on its
   measured figures.
 
 The figures: ``minidist bench collectives`` fits t(n) = alpha + n / beta per algorithm and
@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from ..backends import shm_collectives
+from . import shared_memory as shm_collectives
 
 # Fitted by `flock /tmp/minidist-heavy.lock minidist bench collectives --json c.json` on
 # 2026-11-30 (2-core AMD EPYC VM, 24 GiB, Python 3.11, torch 2.13 CPU; float32, 4 B to

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ..tensors import REDUCIBLE_DTYPES
+from ..comm.tensors import REDUCIBLE_DTYPES
 
 OPS = ("sum", "avg", "max", "min", "prod")
 HALF_DTYPES = (torch.float16, torch.bfloat16)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from .feedback import first_line
 
 if TYPE_CHECKING:
-    from .runner import Report
+    from .notebook_grader import Report
 
 FEEDBACK_WIDTH = 100
 
@@ -27,7 +27,7 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     try:
-        from .runner import grade_notebook
+        from .notebook_grader import grade_notebook
     except ImportError as e:  # nbclient and nbformat come with the dev extra
         print(f"minidist grade needs Jupyter's nbclient ({e}); install it with "
               "pip install -e '.[dev]' or pip install nbclient ipykernel")

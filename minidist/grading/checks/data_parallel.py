@@ -2,7 +2,8 @@
 
 References are the real systems: ``torch.utils.data.DistributedSampler`` for the shards,
 single-process big-batch gradients for the average, and the bucket assignment of
-``md.DistributedDataParallel`` (``minidist.reducer.assign_buckets``, the rule of PyTorch's
+``md.DistributedDataParallel`` (``minidist.parallel.data.buckets.assign_buckets``, the rule
+of PyTorch's
 ``_compute_bucket_assignment_by_size`` for one dtype)."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import DistributedSampler
 
-from ...reducer import assign_buckets
+from ...parallel.data.buckets import assign_buckets
 from ..feedback import Mistake
 from ..registry import GradedTest
 from .harness import run_ranks

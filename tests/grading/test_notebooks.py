@@ -9,10 +9,10 @@ import pathlib
 
 import pytest
 
+from minidist.grading.notebook_grader import grade_notebook
 from minidist.grading.registry import EXERCISES, stored_tests
-from minidist.grading.runner import grade_notebook
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PRESENT = [name for name in EXERCISES if (ROOT / "solutions" / f"{name}.ipynb").exists()]
 
 

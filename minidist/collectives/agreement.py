@@ -1,12 +1,6 @@
-"""What every collective shares: its tags, chunking, and the check that all ranks agree.
+"""The check that all ranks agree, before a collective moves any data.
 
-Tags: collectives talk through the Communicator's public ``send``/``recv``/``sendrecv`` on
-negative tags (reserved for the library), one per collective, so their messages never match
-a user's receive and every payload byte shows up in ``comm.stats``. Calls on one
-communicator happen in the same order on every rank, and messages between two ranks on one
-tag arrive in order, so one tag per collective is enough.
-
-The agreement check: before moving any data, the ranks exchange a short description of the
+ before moving any data, the ranks exchange a short description of the
 call (collective, dtype, shape, op, algorithm, root). If they differ, every rank raises the
 same ``CollectiveMismatchError`` listing what each rank passed, instead of one rank failing
 on a wrongly sized message while the others wait forever, or worse, all of them reducing
@@ -20,41 +14,12 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-import torch
 
-from .. import tensors
-from ..errors import MessageMismatchError
+from ..comm import tensors
+from ..errors import CollectiveMismatchError
 
-TAG = {"broadcast": -20, "reduce": -21, "gather": -22, "scatter": -23, "all_gather": -24,
-       "reduce_scatter": -25, "all_to_all": -26, "naive": -30, "tree": -31, "ring": -32,
-       "recursive_doubling": -33, "halving_doubling": -34}
 _DESC_BYTES = 128
 _CHECK_TAG = -1000  # on the control context, apart from barrier's and split's tags
-
-
-class CollectiveMismatchError(MessageMismatchError):
-    """Ranks called a collective with different shapes, dtypes, ops or roots."""
-
-
-def chunk_bounds(n: int, k: int) -> list[int]:
-    """Offsets of ``k`` nearly equal chunks of ``n`` items, the first ``n % k`` one larger
-    (``torch.tensor_split``'s rule): chunk i is ``[b[i], b[i + 1])``."""
-    q, r = divmod(n, k)
-    return [i * q + min(i, r) for i in range(k + 1)]
-
-
-def as_flat(t, what: str) -> torch.Tensor:
-    """``t`` (tensor or numpy array) as a 1-D tensor that shares its memory."""
-    return tensors.as_tensor(t, what).reshape(-1)
-
-
-def check_root(root, comm, what: str) -> int:
-    if isinstance(root, bool) or not hasattr(root, "__index__"):
-        raise TypeError(f"{what} must be an integer rank, got {type(root).__name__}")
-    if not 0 <= int(root) < comm.world_size:
-        raise ValueError(f"{what}={root} is outside the communicator: valid ranks are "
-                         f"0..{comm.world_size - 1}")
-    return int(root)
 
 
 def describe(name: str, t, shape=None, **params) -> str:
@@ -77,14 +42,14 @@ def agree(comm, desc: str) -> None:
     """Raise ``CollectiveMismatchError`` on every rank unless every rank passed ``desc``.
 
     On a local-backend world communicator: one barrier in shared memory that carries the
-    hashes (``backends/shm_collectives.same_everywhere``). Elsewhere: a dissemination
+    hashes (``collectives/shared_memory.same_everywhere``). Elsewhere: a dissemination
     all-reduce (Hensgen, Finkel and Manber 1988) of (h, -h), h a
     hash of ``desc``, under max: ceil(lg p) rounds of one 16-byte message; max works even
     though the rounds overlap. Every rank then holds max(h) and -min(h), equal only if all
     hashes are. Only on a mismatch do the ranks exchange the full descriptions, to say who
     passed what.
     """
-    from ..backends import shm_collectives  # here: it imports this module
+    from . import shared_memory as shm_collectives  # here: it imports this module
 
     p = comm.world_size
     if p == 1:

@@ -43,8 +43,8 @@ from concurrent.futures import Future
 import torch
 from torch import nn
 
+from ...collectives import all_reduce, all_reduce_coalesced
 from .buckets import Bucket, allreduce_hook, assign_buckets  # noqa: F401 (re-exported)
-from .collectives import all_reduce, all_reduce_coalesced
 
 _COALESCE_DTYPES = (torch.float32, torch.float64)
 

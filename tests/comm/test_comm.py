@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minidist as md
-from minidist.backends.shm import MAX_RING
+from minidist.transports.shm_segment import MAX_RING
 
 
 def _ring_pass(comm, n, dtype):

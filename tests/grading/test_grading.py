@@ -13,10 +13,10 @@ from nbformat import v4
 from minidist.cli import main as cli_main
 from minidist.grading import build, feedback
 from minidist.grading.checks.harness import contributors, pattern
+from minidist.grading.notebook_grader import grade_notebook, plan
 from minidist.grading.registry import exercise_of, stored_tests
-from minidist.grading.runner import grade_notebook, plan
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SOLUTION_00 = ROOT / "solutions" / "00_getting_started.ipynb"
 
 

@@ -6,7 +6,7 @@ checks what the user passed, translates local ranks to the transport's global ra
 the byte counters (``stats``) and the timeline, and turns a wait that lasts too long into a
 ``CommTimeout`` that names the operation, the peer and the tag.
 
-The transport underneath (``backends/local.py`` or ``backends/torch_backend.py``) moves bytes
+The transport underneath (``transports/local.py`` or ``transports/torch_dist.py``) moves bytes
 between global ranks; messages carry a context id (``ctx``) so that traffic on a split-off
 communicator never matches a receive on its parent.
 """
@@ -19,10 +19,10 @@ import time
 
 import torch
 
+from ..errors import CommTimeout, MessageMismatchError
+from ..trace import Timeline
 from . import tensors
-from .errors import CommTimeout, MessageMismatchError
 from .stats import CommStats
-from .trace import Timeline
 
 ANY_SOURCE = -1
 UNDEFINED = None  # split(color=UNDEFINED) leaves the rank out, as MPI_UNDEFINED does

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import Sampler
 
-from .collectives import all_gather
+from ...collectives import all_gather
 
 
 def shard_indices(n: int, rank: int, world_size: int, shuffle: bool = True, seed: int = 0,

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import multiprocess as mp
 from multiprocess.connection import wait as wait_any
 
-from .errors import CommTimeout, WorkerCommTimeout, WorkerError
+from ..errors import CommTimeout, WorkerCommTimeout, WorkerError
 from .runtime import DEFAULT_TIMEOUT, WorldSpec, check_backend_device, connect
 
 
@@ -123,7 +123,7 @@ def _prepare_world(backend, world_size, device, timeout, trace, ctx):
     spec = WorldSpec(backend, world_size, device=str(device), timeout=float(timeout),
                      trace=trace)
     if backend == "local":
-        from .backends.shm import Segment
+        from ..transports.shm_segment import Segment
 
         seg = Segment.create(world_size)
         spec.shm_name = seg.name

@@ -29,7 +29,7 @@ def run(nprocs: int, command: list[str], backend: str = "local", device: str = "
         base["MINIDIST_TIMEOUT"] = str(timeout)
     seg = store = None
     if backend == "local":
-        from .backends.shm import Segment
+        from ..transports.shm_segment import Segment
 
         seg = Segment.create(nprocs)
         base["MINIDIST_SHM"] = seg.name

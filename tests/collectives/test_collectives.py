@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minidist as md
-from minidist.backends.shm import SCRATCH_SLOT
 from minidist.collectives.ops import OPS
+from minidist.transports.shm_segment import SCRATCH_SLOT
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 LENGTHS = [0, 1, 2, 7, 13, 1031]  # empty, single, primes, not divisible by p
@@ -105,7 +105,7 @@ SMALL_PIECE = 4096  # bytes: many pieces even for small tensors
 
 
 def _shm_path(comm, cases):
-    from minidist.backends import shm_collectives
+    from minidist.collectives import shared_memory as shm_collectives
 
     shm_collectives.PIECE = SMALL_PIECE  # in this rank process only
     assert shm_collectives.available(comm, torch.empty(1))
@@ -122,7 +122,7 @@ def _shm_path(comm, cases):
 @pytest.mark.parametrize("world_size", [2, 3, 8])
 def test_shared_memory_path(world_size):
     """The local backend's fast path: lengths around its piece size, every dtype and op."""
-    from minidist.backends.shm_collectives import PIECE
+    from minidist.collectives.shared_memory import PIECE
 
     cases = []
     for dtype in ALL_DTYPES:
@@ -183,8 +183,7 @@ def test_any_combination(world_size, n, dtype, algorithm, op, values, root):
 def _coalesced(comm, lengths, dtype, algorithm, piece):
     """all_reduce_coalesced of tensors of ``lengths`` (rank r holds i + 1000 r + k in
     tensor k): returns them after the reduction."""
-    from minidist.backends import shm_collectives
-
+    from minidist.collectives import shared_memory as shm_collectives
     from minidist.collectives.auto import choose
 
     shm_collectives.PIECE = piece  # in this rank process only: many pieces

@@ -39,9 +39,9 @@ import time
 
 import torch
 
-from ..collectives import ops
 from ..errors import CommTimeout
-from .shm import LINE
+from ..transports.shm_segment import LINE
+from . import ops
 
 PIECE = 4 << 20  # bytes per slot; smaller pieces pay more per-piece Python overhead
 _SLOTS_AT = 4096  # counters first, slots after
@@ -64,7 +64,7 @@ def available(comm, x: torch.Tensor) -> bool:
 def same_everywhere(comm, h: int) -> bool:
     """One barrier that also compares a number across ranks: True on every rank if every
     rank passed the same ``h``, False on every rank otherwise. The collectives' agreement
-    check (``collectives/common.py``) on a world communicator of this backend.
+    check (``collectives/agreement.py``) on a world communicator of this backend.
 
     Each rank writes ``h`` next to its counter before arriving; there are two such words,
     used in turns, because a fast rank may write the next check's ``h`` while a slow one

@@ -15,7 +15,7 @@ from minidist.grading.checks import harness
 from minidist.grading.kernel import evaluate
 from minidist.grading.registry import EXERCISES, stored_tests
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def solution_namespace(name: str) -> dict:

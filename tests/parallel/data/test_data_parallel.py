@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import minidist as md
-from minidist.reducer import assign_buckets
+from minidist.parallel.data.buckets import assign_buckets
 
 ATOL = 1e-13
 B, STEPS = 12, 4  # global batch: divisible by every world size tested (1, 2, 3, 4)

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler as TorchSampler
 
 import minidist as md
-from minidist.sampler import shard_indices
+from minidist.parallel.data.sampler import shard_indices
 
 
 def _shards(n, p, **kw) -> list[list[int]]:

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .backends.local import LocalTransport
-from .backends.shm import Segment
-from .comm import Communicator
-from .errors import CommTimeout
-from .trace import Timeline
+from ..comm import Communicator
+from ..errors import CommTimeout
+from ..trace import Timeline
+from ..transports.local import LocalTransport
+from ..transports.shm_segment import Segment
 
 BACKENDS = ("local", "torch")
 DEFAULT_TIMEOUT = float(os.environ.get("MINIDIST_TIMEOUT", 60.0))
@@ -76,7 +76,7 @@ def _rank_device(device: str, local_rank: int) -> torch.device:
 def _torch_transport(spec: WorldSpec, rank: int, device: torch.device):
     import torch.distributed as dist
 
-    from .backends.torch_backend import TorchTransport
+    from ..transports.torch_dist import TorchTransport
 
     timeout = datetime.timedelta(seconds=spec.timeout)
     pg_backend = "nccl" if device.type == "cuda" else "gloo"

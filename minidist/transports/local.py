@@ -29,7 +29,7 @@ from collections import deque
 
 import torch
 
-from .shm import Segment
+from .shm_segment import Segment
 
 ANY = -1
 HDR = 64

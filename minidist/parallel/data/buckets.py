@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .collectives import all_reduce
+from ...collectives import all_reduce
 
 
 class Bucket:

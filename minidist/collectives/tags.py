@@ -1,0 +1,39 @@
+"""The tags the collectives talk on, and how a tensor is cut into chunks.
+
+Collectives talk through the Communicator's public ``send``/``recv``/``sendrecv`` on
+negative tags (reserved for the library), one per collective, so their messages never
+match a user's receive and every payload byte shows
+up in ``comm.stats``. Calls on one communicator happen in the same order on every rank, and
+messages between two ranks on one tag arrive in order, so one tag per collective is enough.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..comm import tensors
+
+TAG = {"broadcast": -20, "reduce": -21, "gather": -22, "scatter": -23, "all_gather": -24,
+       "reduce_scatter": -25, "all_to_all": -26, "naive": -30, "tree": -31, "ring": -32,
+       "recursive_doubling": -33, "halving_doubling": -34}
+
+
+def chunk_bounds(n: int, k: int) -> list[int]:
+    """Offsets of ``k`` nearly equal chunks of ``n`` items, the first ``n % k`` one larger
+    (``torch.tensor_split``'s rule): chunk i is ``[b[i], b[i + 1])``."""
+    q, r = divmod(n, k)
+    return [i * q + min(i, r) for i in range(k + 1)]
+
+
+def as_flat(t, what: str) -> torch.Tensor:
+    """``t`` (tensor or numpy array) as a 1-D tensor that shares its memory."""
+    return tensors.as_tensor(t, what).reshape(-1)
+
+
+def check_root(root, comm, what: str) -> int:
+    if isinstance(root, bool) or not hasattr(root, "__index__"):
+        raise TypeError(f"{what} must be an integer rank, got {type(root).__name__}")
+    if not 0 <= int(root) < comm.world_size:
+        raise ValueError(f"{what}={root} is outside the communicator: valid ranks are "
+                         f"0..{comm.world_size - 1}")
+    return int(root)

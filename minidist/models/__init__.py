@@ -1,0 +1,5 @@
+"""Small deterministic models that lessons, tests and benchmarks share."""
+
+from .mlp import mlp
+
+__all__ = ["mlp"]
