@@ -17,8 +17,8 @@ import numpy as np
 
 from ..comm import tensors
 from ..errors import CollectiveMismatchError
+from . import shared_memory
 
-_DESC_BYTES = 128
 _CHECK_TAG = -1000  # on the control context, apart from barrier's and split's tags
 
 
@@ -39,54 +39,57 @@ def describe(name: str, t, shape=None, **params) -> str:
 
 
 def agree(comm, desc: str) -> None:
-    """Raise ``CollectiveMismatchError`` on every rank unless every rank passed ``desc``.
+    """Raise ``CollectiveMismatchError`` on every rank unless every rank passed ``desc``."""
+    texts = disagreement(comm, desc, op="collective check")
+    if texts is not None:
+        raise CollectiveMismatchError(_mismatch_text(comm.rank, texts))
 
-    On a local-backend world communicator: one barrier in shared memory that carries the
-    hashes (``collectives/shared_memory.same_everywhere``). Elsewhere: a dissemination
-    all-reduce (Hensgen, Finkel and Manber 1988) of (h, -h), h a
-    hash of ``desc``, under max: ceil(lg p) rounds of one 16-byte message; max works even
-    though the rounds overlap. Every rank then holds max(h) and -min(h), equal only if all
-    hashes are. Only on a mismatch do the ranks exchange the full descriptions, to say who
-    passed what.
+
+def disagreement(comm, text: str, op: str = "agreement check") -> list[str] | None:
+    """None on every rank if every rank passed the same ``text``; otherwise every rank's
+    text, by rank, on every rank. The one "the ranks must agree" mechanism: collectives
+    (``agree``), DDP (same model everywhere) and the sampler (same dataset and seed) use it,
+    each saying in its own words what differs.
+
+    On a world communicator with a shared scratch area: one barrier in shared memory that
+    carries the hashes (``shared_memory.same_everywhere``). Elsewhere: a dissemination
+    all-reduce (Hensgen, Finkel and Manber 1988) of (h, -h), h a hash of ``text``, under
+    max: ceil(lg p) rounds of one 16-byte message; max works even though the rounds overlap.
+    Every rank then holds max(h) and -min(h), equal only if all hashes are. Only on a
+    mismatch do the ranks exchange the full texts. All of it on the control channel, so
+    ``comm.stats`` counts only payload. Cost: ceil(lg p) alpha.
     """
-    from . import shared_memory as shm_collectives  # here: it imports this module
+    if comm.world_size == 1:
+        return None
+    h = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), "little")
+    if shared_memory.world_ok(comm):  # one barrier in shared memory, no messages
+        same = shared_memory.same_everywhere(comm, h)
+    else:
+        same = _same_hash(comm, h, op)
+    return None if same else _all_texts(comm, text, op)
 
-    p = comm.world_size
-    if p == 1:
-        return
-    h = int.from_bytes(hashlib.blake2b(desc.encode(), digest_size=7).digest(), "little")
-    if shm_collectives.world_ok(comm):  # one barrier in shared memory, no messages
-        if not shm_collectives.same_everywhere(comm, h):
-            _raise_mismatch(comm, desc)
-        return
+
+def _same_hash(comm, h: int, op: str) -> bool:
+    p, control = comm.world_size, comm.control
     mine, got, k = np.array([h, -h], dtype=np.int64), np.empty(2, dtype=np.int64), 1
-    while k < p:  # control traffic on the communicator's control context: not in stats
-        req = comm._irecv(got, (comm.rank - k) % p, _CHECK_TAG, comm._ctx + 1, count=False)
-        comm._isend(mine, (comm.rank + k) % p, _CHECK_TAG, comm._ctx + 1,
-                    count=False).wait(op="collective check")
-        req.wait(op="collective check")
+    while k < p:
+        req = control.irecv(got, (comm.rank - k) % p, _CHECK_TAG)
+        control.isend(mine, (comm.rank + k) % p, _CHECK_TAG).wait(op=op)
+        req.wait(op=op)
         np.maximum(mine, got, out=mine)
         k <<= 1
-    if mine[0] != -mine[1]:
-        _raise_mismatch(comm, desc)
+    return bool(mine[0] == -mine[1])
 
 
-def _raise_mismatch(comm, desc: str):
-    """Every rank has seen the mismatch: exchange the descriptions and say who passed what."""
-    table = comm._allgather_ints(_encode(desc))
-    raise CollectiveMismatchError(_mismatch_text(comm.rank, [_decode(r) for r in table]))
-
-
-def _encode(desc: str) -> list[int]:
-    raw = desc.encode()
-    if len(raw) > _DESC_BYTES:  # keep it readable and still exact: cut, and add a hash
-        digest = hashlib.blake2b(raw, digest_size=8).hexdigest()
-        raw = raw[:_DESC_BYTES - 20] + b"...#" + digest.encode()
-    return np.frombuffer(raw.ljust(_DESC_BYTES, b"\0"), dtype="<i8").tolist()
-
-
-def _decode(row: list[int]) -> str:
-    return np.asarray(row, dtype="<i8").tobytes().rstrip(b"\0").decode(errors="replace")
+def _all_texts(comm, text: str, op: str) -> list[str]:
+    """Every rank's text: lengths first, then the texts padded to the longest."""
+    raw = text.encode()
+    lengths = [row[0] for row in comm.control.all_gather_ints([len(raw)], op=op)]
+    words = (max(lengths) + 7) // 8
+    rows = comm.control.all_gather_ints(
+        np.frombuffer(raw.ljust(words * 8, b"\0"), dtype="<i8").tolist(), op=op)
+    return [np.asarray(row, dtype="<i8").tobytes()[:n].decode(errors="replace")
+            for row, n in zip(rows, lengths)]
 
 
 def _mismatch_text(rank: int, descs: list[str]) -> str:

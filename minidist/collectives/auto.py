@@ -73,10 +73,17 @@ _NATIVE_OPS = {"sum": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN", "prod": "
 
 
 def _native_ok(comm, x: torch.Tensor) -> bool:
-    tr = comm._transport
-    if tr.name != "torch" or comm._group != tuple(range(tr.world_size)):
+    """A world communicator over a torch.distributed group, and a tensor its backend takes
+    (gloo: CPU tensors, NCCL: CUDA ones)."""
+    if not comm.is_world or comm.capability("process_group") is None:
         return False
-    return x.is_cuda == tr.cuda_native  # gloo takes CPU tensors, NCCL CUDA ones
+    return x.is_cuda == _nccl()
+
+
+def _nccl() -> bool:
+    import torch.distributed as dist
+
+    return dist.get_backend() == "nccl"
 
 
 def _native(comm, x: torch.Tensor, op: str) -> torch.Tensor:

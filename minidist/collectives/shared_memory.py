@@ -49,11 +49,12 @@ _SPIN = 50e-6  # seconds a barrier spins before it sleeps
 
 
 def world_ok(comm) -> bool:
-    """True when ``comm`` is a local-backend world communicator whose segment has scratch."""
-    tr = comm._transport
-    return (tr.name == "local" and comm.world_size > 1
-            and tr.seg.scratch_bytes >= _SLOTS_AT + (comm.world_size + 1) * 64
-            and comm._group == tuple(range(tr.world_size)))
+    """True when ``comm`` is a world communicator whose transport offers a shared scratch
+    area (the local transport's segment) large enough for its ranks."""
+    if comm.world_size < 2 or not comm.is_world:
+        return False
+    scratch = comm.capability("shared_scratch")
+    return scratch is not None and scratch.nbytes >= _SLOTS_AT + (comm.world_size + 1) * 64
 
 
 def available(comm, x: torch.Tensor) -> bool:
@@ -71,9 +72,9 @@ def same_everywhere(comm, h: int) -> bool:
     is still reading this one's (it cannot get two checks ahead: that needs a barrier the
     slow rank has not reached).
     """
-    barrier, seg = _Barrier(comm), comm._transport.seg
+    barrier, scratch = _Barrier(comm), comm.capability("shared_scratch")
     turn = 8 * (1 + (barrier.words[comm.rank].value + 1) % 2)
-    hashes = [seg.word64(seg.scratch_offset + k * LINE + turn) for k in range(comm.world_size)]
+    hashes = [scratch.word64(k * LINE + turn) for k in range(comm.world_size)]
     hashes[comm.rank].value = h
     barrier.wait()
     return all(w.value == h for w in hashes)
@@ -87,9 +88,9 @@ def all_reduce_shm(comm, xs, op: str):
     they were concatenated (``all_reduce_coalesced``: DDP's gradients go through the slots
     straight from ``param.grad``, without being copied into a bucket first and back after).
     """
-    seg, p, r = comm._transport.seg, comm.world_size, comm.rank
+    p, r = comm.world_size, comm.rank
     flat = _Concat([xs] if isinstance(xs, torch.Tensor) else list(xs))
-    slots = _slots(seg, p, flat.dtype)  # 0..p-1: one per rank; p: the result
+    slots = _slots(comm.capability("shared_scratch"), p, flat.dtype)  # p: the result
     mine, result, barrier = slots[r], slots[p], _Barrier(comm)
     step = slots[0].numel()
     for start in range(0, flat.numel, step):
@@ -151,11 +152,10 @@ class _Concat:
         return slot[at:at + b - a]
 
 
-def _slots(seg, p: int, dtype: torch.dtype) -> list[torch.Tensor]:
+def _slots(scratch, p: int, dtype: torch.dtype) -> list[torch.Tensor]:
     """The p + 1 slots of the scratch area as 1-D tensors of ``dtype``."""
-    slot_bytes = min(PIECE, (seg.scratch_bytes - _SLOTS_AT) // (p + 1) // 64 * 64)
-    raw = torch.frombuffer(seg.mm, dtype=torch.uint8, offset=seg.scratch_offset + _SLOTS_AT,
-                           count=(p + 1) * slot_bytes)
+    slot_bytes = min(PIECE, (scratch.nbytes - _SLOTS_AT) // (p + 1) // 64 * 64)
+    raw = scratch.tensor(_SLOTS_AT, (p + 1) * slot_bytes)
     return list(raw.view(dtype).view(p + 1, -1).unbind(0))
 
 
@@ -166,21 +166,20 @@ class _Barrier:
     set-up. Waiting spins as the transport does, then sleeps on the rank's doorbell."""
 
     def __init__(self, comm):
-        tr = comm._transport
-        self.seg, self.rank, self.timeout = tr.seg, comm.rank, comm.timeout
-        self.words = [tr.seg.word64(tr.seg.scratch_offset + k * LINE)
-                      for k in range(comm.world_size)]
-        self.bells = [tr.seg.bell(k) for k in range(comm.world_size) if k != comm.rank]
+        scratch = comm.capability("shared_scratch")
+        self.scratch, self.rank, self.timeout = scratch, comm.rank, comm.timeout
+        self.words = [scratch.word64(k * LINE) for k in range(comm.world_size)]
+        self.bells = [scratch.bell(k) for k in range(comm.world_size) if k != comm.rank]
         # spin as the transport does (only when every rank has a core), but briefly: ranks
         # that arrive together meet within microseconds, and a rank that spins while the
         # one it waits for has no core only delays it
-        self.my_bell, self.spin = tr.my_bell, min(tr.spin, _SPIN)
+        self.my_bell, self.spin = scratch.my_bell, min(scratch.spin, _SPIN)
 
     def wait(self) -> None:
         g = self.words[self.rank].value + 1
         self.words[self.rank].value = g
         for bell in self.bells:
-            self.seg.ring_bell(bell)
+            self.scratch.ring(bell)
         now = time.perf_counter()
         spin_until, deadline = now + self.spin, now + self.timeout
         while True:
@@ -193,4 +192,4 @@ class _Barrier:
             if now >= deadline:
                 raise CommTimeout("collective (shared-memory barrier)", None, None,
                                   self.timeout, self.rank)
-            self.seg.sleep_on_bell(self.my_bell, seen, min(0.05, deadline - now))
+            self.scratch.sleep(self.my_bell, seen, min(0.05, deadline - now))

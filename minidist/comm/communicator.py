@@ -111,6 +111,26 @@ class Communicator:
         return self._transport.name
 
     @property
+    def is_world(self) -> bool:
+        """True when this communicator holds every rank of its transport, in order (the one
+        ``md.launch`` or ``md.init`` returned, or a split that kept everyone in place)."""
+        return self._group == tuple(range(self._transport.world_size))
+
+    @property
+    def control(self) -> Channel:
+        """The library's uncounted channel: point-to-point on this communicator's control
+        context, apart from user and collective traffic and not in ``stats``. Barrier,
+        split and the collectives' agreement check talk here."""
+        return Channel(self, self._ctx + 1, count=False)
+
+    def capability(self, name: str):
+        """An optional capability of the transport (``transports/protocol.py``), or None:
+        ``"shared_scratch"`` (the local transport's shared-memory scratch area),
+        ``"process_group"`` (the torch transport's ``torch.distributed`` group)."""
+        get = getattr(self._transport, "capability", None)
+        return None if get is None else get(name)
+
+    @property
     def global_rank(self) -> int:
         """This rank's number in the world communicator it was split from."""
         return self._transport.rank
@@ -208,11 +228,11 @@ class Communicator:
         r + 2^k and waits for r - 2^k; after ceil(log2 p) rounds everyone has heard, directly
         or not, from everyone. Cost: ceil(log2 p) * alpha.
         """
-        start, p, k = time.perf_counter(), self.world_size, 1
+        start, p, k, control = time.perf_counter(), self.world_size, 1, self.control
         while k < p:
             dst, src = (self.rank + k) % p, (self.rank - k) % p
-            r = self._irecv(_EMPTY, src, -k, self._ctx + 1, count=False)
-            self._isend(_EMPTY, dst, -k, self._ctx + 1, count=False).wait(op="barrier")
+            r = control.irecv(_EMPTY, src, -k)
+            control.isend(_EMPTY, dst, -k).wait(op="barrier")
             r.wait(op="barrier")
             k *= 2
         self.timeline.record("barrier", "barrier", start, time.perf_counter())
@@ -227,7 +247,7 @@ class Communicator:
         key = self.rank if key is None else key
         if not isinstance(key, int):
             raise TypeError(f"key must be an int, got {type(key).__name__}")
-        table = self._allgather_ints([-1 if color is None else color, key])
+        table = self.control.all_gather_ints([-1 if color is None else color, key])
         self._n_splits += 1
         if color is None:
             return None
@@ -238,21 +258,42 @@ class Communicator:
                             ranks.index(self.rank), ctx, self.timeout, self.device,
                             self.timeline)
 
-    def _allgather_ints(self, values: list[int]) -> list[list[int]]:
-        """Every rank's small int vector, by rank (control traffic, not in ``stats``)."""
-        mine = torch.tensor(values, dtype=torch.int64)
-        out = [mine.clone() if r == self.rank else torch.empty_like(mine)
-               for r in range(self.world_size)]
-        recvs = [self._irecv(out[r], r, _ALLGATHER_TAG, self._ctx + 1, count=False)
-                 for r in range(self.world_size) if r != self.rank]
-        sends = [self._isend(mine, r, _ALLGATHER_TAG, self._ctx + 1, count=False)
-                 for r in range(self.world_size) if r != self.rank]
-        for req in sends + recvs:
-            req.wait(op="split")
-        return [t.tolist() for t in out]
-
     def close(self) -> None:
         self._transport.close()
+
+
+class Channel:
+    """A communicator's point-to-point calls on another of its contexts, counted in ``stats``
+    or not. ``comm.control`` is one: the library's coordination traffic."""
+
+    def __init__(self, comm: Communicator, ctx: int, count: bool):
+        self.comm, self.ctx, self.count = comm, ctx, count
+
+    def isend(self, tensor, dst: int, tag: int = 0) -> Request:
+        return self.comm._isend(tensor, dst, tag, self.ctx, self.count)
+
+    def irecv(self, tensor, src: int = ANY_SOURCE, tag: int = 0) -> Request:
+        return self.comm._irecv(tensor, src, tag, self.ctx, self.count)
+
+    def send(self, tensor, dst: int, tag: int = 0, op: str = "send") -> None:
+        self.isend(tensor, dst, tag).wait(op=op)
+
+    def recv(self, tensor, src: int = ANY_SOURCE, tag: int = 0, op: str = "recv") -> int:
+        return self.irecv(tensor, src, tag).wait(op=op)
+
+    def all_gather_ints(self, values: list[int], op: str = "split") -> list[list[int]]:
+        """Every rank's small int vector (same length everywhere), by rank."""
+        comm = self.comm
+        mine = torch.tensor(values, dtype=torch.int64)
+        out = [mine.clone() if r == comm.rank else torch.empty_like(mine)
+               for r in range(comm.world_size)]
+        recvs = [self.irecv(out[r], r, _ALLGATHER_TAG)
+                 for r in range(comm.world_size) if r != comm.rank]
+        sends = [self.isend(mine, r, _ALLGATHER_TAG)
+                 for r in range(comm.world_size) if r != comm.rank]
+        for req in sends + recvs:
+            req.wait(op=op)
+        return [t.tolist() for t in out]
 
 
 def _check_tag(tag) -> None:

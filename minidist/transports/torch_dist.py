@@ -170,6 +170,10 @@ class TorchTransport:
     def _dev(self, t: torch.Tensor) -> torch.device:
         return t.device if self.cuda_native else torch.device("cpu")
 
+    def capability(self, name: str):
+        """``"process_group"``: the default ``torch.distributed`` group (the whole world)."""
+        return dist.group.WORLD if name == "process_group" else None
+
     def close(self) -> None:
         while self.inflight:
             for w in self.inflight.popleft()[0]:

@@ -5,13 +5,13 @@ replicas begin from the same point and, averaging the same gradients, stay there
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import torch
 from torch import nn
 
-from ...collectives import all_gather, broadcast
+from ...collectives import broadcast
+from ...collectives.agreement import disagreement
 from ...comm.tensors import REDUCIBLE_DTYPES
 
 
@@ -34,20 +34,11 @@ def _structure(module: nn.Module) -> list[list]:
 def check_same_structure(comm, module: nn.Module) -> None:
     """Raise the same ValueError on every rank if any rank's module differs from rank 0's.
 
-    Ranks first compare a short digest (one tiny all-gather); only on a mismatch do they
-    exchange their full descriptions, to say exactly what differs."""
-    blob = json.dumps(_structure(module)).encode()
-    digest = int.from_bytes(hashlib.blake2b(blob, digest_size=7).digest(), "little")
-    table = all_gather(comm, torch.tensor([digest, len(blob)], dtype=torch.int64))
-    if bool((table == table[0]).all()):
-        return
-    width = int(table[:, 1].max()) + 7
-    padded = torch.zeros(width // 8 * 8, dtype=torch.uint8)
-    padded[:len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-    blobs = all_gather(comm, padded.view(torch.int64)).view(comm.world_size, -1)
-    structures = [json.loads(bytes(blobs[r].view(torch.uint8)[:int(table[r, 1])].tolist()))
-                  for r in range(comm.world_size)]
-    raise ValueError(describe_mismatch(structures))
+    Ranks first compare a digest (``collectives.agreement.disagreement``); only on a
+    mismatch do they exchange their full descriptions, to say exactly what differs."""
+    texts = disagreement(comm, json.dumps(_structure(module)), op="same-model check")
+    if texts is not None:
+        raise ValueError(describe_mismatch([json.loads(t) for t in texts]))
 
 
 def describe_mismatch(structures: list[list]) -> str:

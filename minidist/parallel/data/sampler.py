@@ -19,13 +19,14 @@ mismatch is an error rather than silently overlapping shards.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 
 import torch
 from torch.utils.data import Sampler
 
-from ...collectives import all_gather
+from ...collectives.agreement import disagreement
 
 
 def shard_indices(n: int, rank: int, world_size: int, shuffle: bool = True, seed: int = 0,
@@ -91,10 +92,11 @@ class DistributedSampler(Sampler[int]):
 
 def _check_ranks_agree(comm, n: int, seed: int, shuffle: bool, drop_last: bool) -> None:
     """Every rank computes the permutation itself, so all must agree on what goes into it."""
-    if comm.world_size == 1:
+    mine = [n, seed, int(shuffle), int(drop_last)]
+    texts = disagreement(comm, json.dumps(mine), op="DistributedSampler check")
+    if texts is None:
         return
-    mine = torch.tensor([n, seed, int(shuffle), int(drop_last)], dtype=torch.int64)
-    table = all_gather(comm, mine).tolist()
+    table = [json.loads(t) for t in texts]
     names = ("len(dataset)", "seed", "shuffle", "drop_last")
     for r, row in enumerate(table):
         for name, a, b in zip(names, table[0], row):
