@@ -60,7 +60,9 @@ def all_reduce_coalesced(comm, tensors_, op: str = "sum", algorithm: str = "auto
         return list(tensors_)
     nbytes = total * head.element_size()
     if algorithm == "auto" and auto.choose(comm, head, nbytes) == "shm":
-        shm_collectives.all_reduce_shm(comm, xs, op)
+        shm_collectives.all_reduce_shm(comm, xs, op)  # where they lie: no copies
+        for x in xs:
+            ops.finish_(x, op, comm.world_size)
         return list(tensors_)
     flat = buffer[:total] if buffer is not None and buffer.numel() >= total else \
         torch.empty(total, dtype=head.dtype, device=head.device)
@@ -83,11 +85,10 @@ def _all_reduce_flat(comm, x: torch.Tensor, op: str, algorithm: str) -> None:
     if comm.world_size == 1:
         return
     if algorithm == "auto":
-        if auto.all_reduce_auto(comm, x, op, ALGORITHMS) == "shm":
-            return  # the shared-memory path divides for avg itself
+        auto.all_reduce_auto(comm, x, op, ALGORITHMS)
     else:
         ALGORITHMS[algorithm](comm, x, op)
-    ops.finish_(x, op, comm.world_size)
+    ops.finish_(x, op, comm.world_size)  # every path sums for avg; one division, here
 
 
 def broadcast(comm, t, src: int = 0):

@@ -81,20 +81,16 @@ def finish_(x: torch.Tensor, op: str, world_size: int) -> torch.Tensor:
     return x
 
 
-def reduce_all(parts: list[torch.Tensor], op: str, out: torch.Tensor,
-               finish: bool = False) -> torch.Tensor:
+def reduce_all(parts: list[torch.Tensor], op: str, out: torch.Tensor) -> torch.Tensor:
     """``out = parts[0] op parts[1] op ...`` with one float32 accumulator for 16-bit floats,
-    rounded once. Used where one rank sees every input at once. With ``finish``, ``avg``
-    divides the accumulator by ``len(parts)`` before that rounding (so a float16 sum larger
-    than 65504 still averages to a finite number)."""
+    rounded once. Used where one rank sees every input at once. ``avg`` stays a sum, as on
+    every path: the caller divides (``finish_``)."""
     if out.dtype in HALF_DTYPES:
         acc = parts[0].to(torch.float32)
     else:
         acc = out if out.data_ptr() == parts[0].data_ptr() else out.copy_(parts[0])
     for part in parts[1:]:
         combine(acc, part, op, out=acc)
-    if finish:
-        finish_(acc, op, len(parts))
     return round_into(out, acc)
 
 

@@ -27,7 +27,9 @@ The tensor may also be a list of tensors, reduced as their concatenation (DDP's 
 gradients, reduced where they lie).
 
 Cost per rank: copy (p-1)/p n in, read n and write 2n/p to reduce, copy (p-1)/p n out, two
-barriers per piece; no messages at all, so ``comm.stats`` does not count these bytes. Used by
+barriers per piece; no messages at all. ``comm.stats`` counts the bytes as the messages they
+replace (``_count``: 2(p-1)/p n per rank, as the ring), so byte checks hold on this path too.
+Used by
 ``auto`` on the world communicator only: every world rank owns its slot, whereas ranks of two
 split-off communicators could run at the same time and would share the slots.
 """
@@ -81,8 +83,8 @@ def same_everywhere(comm, h: int) -> bool:
 
 
 def all_reduce_shm(comm, xs, op: str):
-    """Reduce over all ranks in place, through the segment's scratch area; ``op="avg"``
-    included (the rank in charge of a range divides it before the others copy it out).
+    """Reduce over all ranks in place, through the segment's scratch area. Like every
+    all_reduce algorithm it leaves ``avg`` as a sum: the caller divides (``ops.finish_``).
 
     ``xs`` is one flat CPU tensor, or a list of flat CPU tensors of one dtype reduced as if
     they were concatenated (``all_reduce_coalesced``: DDP's gradients go through the slots
@@ -102,12 +104,27 @@ def all_reduce_shm(comm, xs, op: str):
         if hi > lo:
             own = flat.range(start + lo, start + hi, mine, at=lo)  # a view, or copied in
             parts = [own if k == r else slots[k][lo:hi] for k in range(p)]
-            ops.reduce_all(parts, op, result[lo:hi], finish=True)  # avg divides here
+            ops.reduce_all(parts, op, result[lo:hi])
             flat.scatter(start + lo, start + hi, result, at=lo)
         barrier.wait()
         flat.scatter(start, start + lo, result)
         flat.scatter(start + hi, start + m, result, at=hi)
+        _count(comm.stats, m, p, r, slots[0].element_size())
     return xs
+
+
+def _count(stats, m: int, p: int, r: int, size: int) -> None:
+    """Count one piece's traffic as the messages it replaces: rank r hands rank k its range
+    k of the piece (step 1, read by k) and hands every other rank its reduced range r (step
+    3); it gets range r from each other rank and their reduced ranges back. Bytes sent per
+    rank: sum over k != r of m_k, plus (p-1) m_r elements, 2(p-1)/p n in all when p divides
+    the piece, as for the ring (``costs.py``)."""
+    mine = m * (r + 1) // p - m * r // p
+    for k in range(p):
+        if k != r:
+            theirs = m * (k + 1) // p - m * k // p
+            stats.on_send(k, (theirs + mine) * size)
+            stats.on_recv(k, (mine + theirs) * size)
 
 
 class _Concat:
