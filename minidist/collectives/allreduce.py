@@ -36,15 +36,15 @@ def naive(comm, x: torch.Tensor, op: str) -> torch.Tensor:
     """
     p, tag = comm.world_size, TAG["naive"]
     if comm.rank != 0:
-        comm.send(x, 0, tag)
-        comm.recv(x, 0, tag)
+        comm.collective.send(x, 0, tag)
+        comm.collective.recv(x, 0, tag)
         return x
     acc, buf = ops.accumulator(x), torch.empty_like(x)
     for src in range(1, p):  # in rank order: the same rounding on every run
-        comm.recv(buf, src, tag)
+        comm.collective.recv(buf, src, tag)
         ops.combine(acc, buf, op, out=acc)
     ops.round_into(x, acc)
-    for req in [comm.isend(x, dst, tag) for dst in range(1, p)]:
+    for req in [comm.collective.isend(x, dst, tag) for dst in range(1, p)]:
         req.wait()
     return x
 
@@ -88,7 +88,7 @@ def ring_reduce_scatter(comm, x, bounds, op, tag) -> torch.Tensor:
         si, ri = (r - s - 1) % p, (r - s - 2) % p  # the chunk I pass on, the one I add to
         mine = x[bounds[ri]:bounds[ri + 1]]
         got = buf[:mine.numel()]
-        comm.sendrecv(x[bounds[si]:bounds[si + 1]], right, got, left, tag)
+        comm.collective.sendrecv(x[bounds[si]:bounds[si + 1]], right, got, left, tag)
         ops.combine(mine, got, op, out=mine)
     return x
 
@@ -100,8 +100,8 @@ def ring_all_gather(comm, x, bounds, tag) -> torch.Tensor:
     right, left = (r + 1) % p, (r - 1) % p
     for s in range(p - 1):
         si, ri = (r - s) % p, (r - s - 1) % p
-        comm.sendrecv(x[bounds[si]:bounds[si + 1]], right, x[bounds[ri]:bounds[ri + 1]], left,
-                      tag)
+        comm.collective.sendrecv(x[bounds[si]:bounds[si + 1]], right,
+                                 x[bounds[ri]:bounds[ri + 1]], left, tag)
     return x
 
 
@@ -123,7 +123,7 @@ def recursive_doubling(comm, x: torch.Tensor, op: str) -> torch.Tensor:
         buf, d = torch.empty_like(x), 1
         while d < pp:
             partner = _unfolded(v ^ d, comm.world_size - pp)
-            comm.sendrecv(x, partner, buf, partner, tag)
+            comm.collective.sendrecv(x, partner, buf, partner, tag)
             lo, hi = (buf, x) if partner < comm.rank else (x, buf)
             ops.combine(lo, hi, op, out=x)
             d <<= 1
@@ -154,14 +154,14 @@ def halving_doubling(comm, x: torch.Tensor, op: str) -> torch.Tensor:
         mid, partner = (lo + hi) // 2, _unfolded(v ^ d, extra)
         (klo, khi), (slo, shi) = ((mid, hi), (lo, mid)) if v & d else ((lo, mid), (mid, hi))
         keep, got = x[b[klo]:b[khi]], buf[:b[khi] - b[klo]]
-        comm.sendrecv(x[b[slo]:b[shi]], partner, got, partner, tag)
+        comm.collective.sendrecv(x[b[slo]:b[shi]], partner, got, partner, tag)
         ops.combine(keep, got, op, out=keep)
         lo, hi, d = klo, khi, d // 2
     d = 1
     while d < pp:  # doubling: swap whole owned ranges, which grow back to [0, p')
         partner = _unfolded(v ^ d, extra)
         olo, ohi = (lo - d, lo) if v & d else (hi, hi + d)
-        comm.sendrecv(x[b[lo]:b[hi]], partner, x[b[olo]:b[ohi]], partner, tag)
+        comm.collective.sendrecv(x[b[lo]:b[hi]], partner, x[b[olo]:b[ohi]], partner, tag)
         lo, hi, d = min(lo, olo), max(hi, ohi), d * 2
     return _unfold(comm, x, pp, tag)
 
@@ -178,10 +178,10 @@ def _fold(comm, x: torch.Tensor, op: str, tag: int) -> tuple[int, int]:
     if r >= 2 * (p - pp):
         return r - (p - pp), pp
     if r % 2 == 0:
-        comm.send(x, r + 1, tag)
+        comm.collective.send(x, r + 1, tag)
         return -1, pp
     buf = torch.empty_like(x)
-    comm.recv(buf, r - 1, tag)
+    comm.collective.recv(buf, r - 1, tag)
     ops.combine(buf, x, op, out=x)  # lower rank first, as everywhere
     return r // 2, pp
 
@@ -191,9 +191,9 @@ def _unfold(comm, x: torch.Tensor, pp: int, tag: int) -> torch.Tensor:
     r = comm.rank
     if r < 2 * (comm.world_size - pp):
         if r % 2 == 0:
-            comm.recv(x, r + 1, tag)
+            comm.collective.recv(x, r + 1, tag)
         else:
-            comm.send(x, r - 1, tag)
+            comm.collective.send(x, r - 1, tag)
     return x
 
 

@@ -23,13 +23,13 @@ def broadcast_tree(comm, x: torch.Tensor, root: int, tag: int) -> torch.Tensor:
     mask = 1
     while mask < p:
         if v & mask:
-            comm.recv(x, (v - mask + root) % p, tag)
+            comm.collective.recv(x, (v - mask + root) % p, tag)
             break
         mask <<= 1
     mask >>= 1
     while mask > 0:
         if v + mask < p:
-            comm.send(x, (v + mask + root) % p, tag)
+            comm.collective.send(x, (v + mask + root) % p, tag)
         mask >>= 1
     return x
 
@@ -46,12 +46,12 @@ def reduce_tree(comm, x: torch.Tensor, op: str, root: int, tag: int) -> torch.Te
     v, acc, mask = (comm.rank - root) % p, None, 1
     while mask < p:
         if v & mask:  # my subtree is complete: hand it to my parent and stop
-            comm.send(x if acc is None else acc.to(x.dtype), (v - mask + root) % p, tag)
+            comm.collective.send(x if acc is None else acc.to(x.dtype), (v - mask + root) % p, tag)
             return x
         if v + mask < p:
             if acc is None:
                 acc, buf = ops.accumulator(x), torch.empty_like(x)
-            comm.recv(buf, (v + mask + root) % p, tag)
+            comm.collective.recv(buf, (v + mask + root) % p, tag)
             ops.combine(acc, buf, op, out=acc)
         mask <<= 1
     return x if acc is None else ops.round_into(x, acc)
@@ -64,10 +64,10 @@ def gather_linear(comm, x: torch.Tensor, out: torch.Tensor | None, root: int, ta
     tree, so a linear gather costs only latency). Bytes sent: n by every rank but the root.
     """
     if comm.rank != root:
-        comm.send(x, root, tag)
+        comm.collective.send(x, root, tag)
         return None
     out[root].copy_(x)
-    reqs = [comm.irecv(out[k], k, tag) for k in range(comm.world_size) if k != root]
+    reqs = [comm.collective.irecv(out[k], k, tag) for k in range(comm.world_size) if k != root]
     for req in reqs:
         req.wait()
     return out
@@ -79,9 +79,9 @@ def scatter_linear(comm, pieces: torch.Tensor | None, out: torch.Tensor, root: i
     Cost: (p-1) alpha + (p-1) n beta at the root. Bytes sent: (p-1) n by the root.
     """
     if comm.rank != root:
-        comm.recv(out, root, tag)
+        comm.collective.recv(out, root, tag)
         return out
-    reqs = [comm.isend(pieces[k], k, tag) for k in range(comm.world_size) if k != root]
+    reqs = [comm.collective.isend(pieces[k], k, tag) for k in range(comm.world_size) if k != root]
     out.copy_(pieces[root])
     for req in reqs:
         req.wait()
@@ -99,5 +99,5 @@ def all_to_all_pairwise(comm, x: torch.Tensor, out: torch.Tensor, tag: int) -> t
     out[r].copy_(x[r])
     for s in range(1, p):
         dst, src = (r + s) % p, (r - s) % p
-        comm.sendrecv(x[dst], dst, out[src], src, tag)
+        comm.collective.sendrecv(x[dst], dst, out[src], src, tag)
     return out

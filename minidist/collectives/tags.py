@@ -1,10 +1,11 @@
 """The tags the collectives talk on, and how a tensor is cut into chunks.
 
-Collectives talk through the Communicator's public ``send``/``recv``/``sendrecv`` on
-negative tags (reserved for the library), one per collective, so their messages never
-match a user's receive and every payload byte shows
-up in ``comm.stats``. Calls on one communicator happen in the same order on every rank, and
-messages between two ranks on one tag arrive in order, so one tag per collective is enough.
+Collectives talk through the Communicator's public channel for them, ``comm.collective``:
+point-to-point on a context of the communicator's own, so a user's message, whatever its
+tag, never matches a collective's receive (nor the reverse), and every payload byte shows up
+in ``comm.stats``. Each collective has its own tag there. Calls on one communicator happen
+in the same order on every rank, and messages between two ranks on one tag arrive in order,
+so one tag per collective is enough.
 """
 
 from __future__ import annotations

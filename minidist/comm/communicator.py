@@ -26,7 +26,10 @@ from .stats import CommStats
 
 ANY_SOURCE = -1
 UNDEFINED = None  # split(color=UNDEFINED) leaves the rank out, as MPI_UNDEFINED does
-_WORLD_CTX = 2  # user contexts are even; ctx + 1 carries barrier/split control messages
+# A communicator owns four contexts: ctx (user messages), ctx + 1 (control: barrier, split,
+# agreement checks; not counted), ctx + 2 (the collectives' payload, counted), ctx + 3 spare.
+# So no user message, whatever its tag, can match a collective's receive, or the reverse.
+_WORLD_CTX = 4
 _EMPTY = torch.empty(0, dtype=torch.uint8)
 # Tags of the control context (ctx + 1): barrier rounds use -1, -2, -4, ...; these are apart.
 _ALLGATHER_TAG = -(1 << 40)
@@ -122,6 +125,13 @@ class Communicator:
         context, apart from user and collective traffic and not in ``stats``. Barrier,
         split and the collectives' agreement check talk here."""
         return Channel(self, self._ctx + 1, count=False)
+
+    @property
+    def collective(self) -> Channel:
+        """The collectives' channel: point-to-point on a context of its own, counted in
+        ``stats`` and on the timeline like user messages, but apart from them, so a user's
+        message can never be taken by a collective (or the reverse), whatever its tag."""
+        return Channel(self, self._ctx + 2, count=True)
 
     def capability(self, name: str):
         """An optional capability of the transport (``transports/protocol.py``), or None:
@@ -281,6 +291,20 @@ class Channel:
     def recv(self, tensor, src: int = ANY_SOURCE, tag: int = 0, op: str = "recv") -> int:
         return self.irecv(tensor, src, tag).wait(op=op)
 
+    def sendrecv(self, send_tensor, dst: int, recv_tensor, src: int = ANY_SOURCE,
+                 tag: int = 0) -> int:
+        """Send to ``dst`` and receive from ``src`` at once, without deadlock (a ring step)."""
+        comm, start = self.comm, time.perf_counter()
+        rreq = self.irecv(recv_tensor, src, tag)
+        sreq = self.isend(send_tensor, dst, tag)
+        rreq.record = sreq.record = False
+        sreq.wait(op="sendrecv")
+        source = rreq.wait(op="sendrecv")
+        if self.count:
+            comm.timeline.record("sendrecv", "sendrecv", start, time.perf_counter(),
+                                 sreq.nbytes, comm._group[dst])
+        return source
+
     def all_gather_ints(self, values: list[int], op: str = "split") -> list[list[int]]:
         """Every rank's small int vector (same length everywhere), by rank."""
         comm = self.comm
@@ -306,4 +330,4 @@ def _check_tag(tag) -> None:
 def _child_ctx(parent: int, n: int, color: int) -> int:
     """A context id every member computes alike: a hash of (parent, split count, color)."""
     digest = hashlib.blake2b(f"{parent}/{n}/{color}".encode(), digest_size=8).digest()
-    return (int.from_bytes(digest, "little") >> 2) << 1  # even, positive, < 2**63
+    return (int.from_bytes(digest, "little") >> 3) << 2  # a multiple of 4, positive, < 2**63

@@ -268,3 +268,28 @@ def test_debug_log_says_what_is_sent_where():
     assert proc.returncode == 0, proc.stderr
     assert "[minidist rank 0] rank 0 -> 1: float32 (3,) (12 bytes), tag 4" in proc.stderr
     assert "[minidist rank 1] rank 1 <- 0: 12 bytes, tag 4" in proc.stderr
+
+
+def _user_message_before_collective(comm, tag):
+    x = torch.full((6,), float(comm.rank + 1))
+    if comm.rank == 0:
+        comm.send(torch.full((6,), 99.0), 1, tag=tag)
+    for algorithm in ("ring", "tree", "naive"):
+        md.all_reduce(comm, x, algorithm=algorithm)
+    got = None
+    if comm.rank == 1:
+        got = torch.empty(6)
+        comm.recv(got, 0, tag=tag)
+        got = got.tolist()
+    return x.tolist(), got
+
+
+@pytest.mark.parametrize("tag", [-32, -30, -1000, 0, 5])
+def test_user_messages_never_reach_a_collective(backend, tag):
+    """A user message pending on any tag (negative ones included: the collectives' own tag
+    numbers) is neither taken by a collective nor corrupts it; the user receives it after."""
+    out = md.launch(_user_message_before_collective, 3, args=(tag,), backend=backend)
+    p = 3
+    for x, _ in out:
+        assert x == [float(sum(range(1, p + 1)) * p ** 2)] * 6
+    assert out[1][1] == [99.0] * 6
