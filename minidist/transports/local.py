@@ -16,7 +16,11 @@ be blocked on a full ring), it is copied into a private "unexpected" buffer.
 
 Everything runs on the caller's thread: ``progress()`` moves whatever bytes can move now, and
 ``wait()`` calls it until the request is done, spinning briefly and then sleeping on the
-rank's doorbell (see ``shm.py``), so ranks never busy-wait while other ranks need the core.
+rank's doorbell (see ``shm_segment.py``), so ranks never busy-wait while other ranks need
+the core. Several threads may share one transport (DDP's communication thread and the main
+thread, or a user's threads): one lock guards the queues and the rings, taken for each
+post and each progress step and released while a waiter sleeps, so one thread's wait never
+stops another from sending.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
+import threading
 import time
 from collections import deque
 
@@ -112,10 +117,15 @@ class LocalTransport:
             default = 200.0 if p <= (os.cpu_count() or 1) else 0.0
             spin_us = float(os.environ.get("MINIDIST_SPIN_US", default))
         self.spin = spin_us * 1e-6
+        self.lock = threading.RLock()  # see the module docstring
         seg.mark_attached(rank)
 
     # -- posting ----------------------------------------------------------------------------
     def isend(self, t: torch.Tensor, dst: int, ctx: int, tag: int, code: int) -> SendRequest:
+        with self.lock:
+            return self._isend(t, dst, ctx, tag, code)
+
+    def _isend(self, t: torch.Tensor, dst: int, ctx: int, tag: int, code: int) -> SendRequest:
         ch = self.tx[dst]
         n = t.numel() * t.element_size()
         header = (_MARKER, ctx, tag, code, n, ch.seq, 0, 0)
@@ -127,6 +137,10 @@ class LocalTransport:
         return req
 
     def irecv(self, t: torch.Tensor, src: int, ctx: int, tag: int, code: int) -> RecvRequest:
+        with self.lock:
+            return self._irecv(t, src, ctx, tag, code)
+
+    def _irecv(self, t: torch.Tensor, src: int, ctx: int, tag: int, code: int) -> RecvRequest:
         req = RecvRequest(src, ctx, tag, code, t.data_ptr(), t.numel() * t.element_size(), t)
         for i, msg in enumerate(self.unexpected):
             if _matches(req, msg):
@@ -146,7 +160,8 @@ class LocalTransport:
         deadline, spin_until = now + timeout, now + self.spin
         while True:
             seen = self.my_bell.value
-            self.progress(drain=now >= spin_until)
+            with self.lock:
+                self.progress(drain=now >= spin_until)
             if req.done:
                 return True
             now = time.perf_counter()
@@ -158,7 +173,8 @@ class LocalTransport:
 
     def test(self, req) -> bool:
         if not req.done:
-            self.progress()
+            with self.lock:
+                self.progress()
         return req.done
 
     # -- progress ---------------------------------------------------------------------------

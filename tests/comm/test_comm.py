@@ -293,3 +293,36 @@ def test_user_messages_never_reach_a_collective(backend, tag):
     for x, _ in out:
         assert x == [float(sum(range(1, p + 1)) * p ** 2)] * 6
     assert out[1][1] == [99.0] * 6
+
+
+def _two_threads(comm, n_msgs):
+    """Two threads of each rank exchange messages over one Communicator at the same time,
+    on different tags."""
+    import threading
+
+    peer, errors, got = 1 - comm.rank, [], {0: [], 1: []}
+
+    def worker(tag):
+        try:
+            for i in range(n_msgs):
+                out = torch.full((1000 + tag,), float(i + 10 * tag))
+                buf = torch.empty(1000 + tag)
+                comm.sendrecv(out, peer, buf, peer, send_tag=tag)
+                got[tag].append(buf[0].item())
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors, got
+
+
+def test_two_threads_share_a_communicator():
+    n = 300
+    for errors, got in md.launch(_two_threads, 2, args=(n,)):
+        assert not errors
+        assert got[0] == [float(i) for i in range(n)]
+        assert got[1] == [float(i + 10) for i in range(n)]
