@@ -18,8 +18,10 @@ class CommTimeout(CommError, TimeoutError):
     for any source), ``tag`` and ``timeout`` so that a deadlock reads as a sentence.
     """
 
-    def __init__(self, op: str, peer: int | None, tag: int | None, timeout: float, rank: int = -1):
+    def __init__(self, op: str, peer: int | None, tag: int | None, timeout: float, rank: int = -1,
+                 detail: str = ""):
         self.op, self.peer, self.tag, self.timeout, self.rank = op, peer, tag, timeout, rank
+        self.detail = detail
         who = "any rank" if peer is None else f"rank {peer}"
         where = f"rank {rank}: " if rank >= 0 else ""
         if "recv" in op:
@@ -31,11 +33,12 @@ class CommTimeout(CommError, TimeoutError):
         tag_txt = "" if tag is None else f" (tag {tag})"
         super().__init__(
             f"{where}{op} with {who}{tag_txt} timed out after {timeout:g} s: {hint}. "
-            "Is every rank waiting for another one (a deadlock)?"
+            "Is every rank waiting for another one (a deadlock)?" + (f" {detail}" if detail else "")
         )
 
     def __reduce__(self):
-        return (CommTimeout, (self.op, self.peer, self.tag, self.timeout, self.rank))
+        return (CommTimeout, (self.op, self.peer, self.tag, self.timeout, self.rank,
+                              self.detail))
 
 
 class MessageMismatchError(CommError, ValueError):

@@ -65,7 +65,8 @@ class Request:
         if not self._finished:
             limit = self.comm.timeout if timeout is None else timeout
             if not self.comm._transport.wait(self.raw, limit):
-                raise CommTimeout(self.op, self.peer, self.tag, limit, self.comm.rank)
+                detail = self.comm._history(self.peer) if self.is_recv else ""
+                raise CommTimeout(self.op, self.peer, self.tag, limit, self.comm.rank, detail)
             self._finish()
         return self.source
 
@@ -74,6 +75,7 @@ class Request:
         comm = self.comm
         if self.is_recv:
             self.source = comm._check_received(self)
+            comm._note_received(self.source, self.tag, self.peer is None)
             if self.unstage is not None:
                 self.unstage()
             if self.count:
@@ -99,6 +101,7 @@ class Communicator:
         self.stats = CommStats(len(self._group))
         self.timeline = timeline if timeline is not None else Timeline(transport.rank)
         self._n_splits = 0
+        self._received: dict[int, list] = {}  # source: [count, last tag, via ANY_SOURCE]
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -221,6 +224,23 @@ class Communicator:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("rank %d <- %d: %d bytes, tag %d", self.rank, source, raw.nbytes, req.tag)
         return source
+
+    def _note_received(self, source: int, tag: int, via_any: bool) -> None:
+        entry = self._received.setdefault(source, [0, tag, via_any])
+        entry[0], entry[1], entry[2] = entry[0] + 1, tag, via_any
+
+    def _history(self, peer: int | None) -> str:
+        """What this rank did receive (from ``peer``), for a timeout's text: a message that an
+        earlier ANY_SOURCE receive took is the usual reason a named receive waits forever."""
+        if peer is None:
+            got = sum(c for c, _, _ in self._received.values())
+            return f"(This rank has received {got} messages on this communicator so far.)"
+        if peer not in self._received:
+            return f"(Nothing from rank {peer} has arrived on this communicator so far.)"
+        count, tag, via_any = self._received[peer]
+        how = "by a receive from ANY_SOURCE" if via_any else "by a receive naming it"
+        return (f"(So far {count} message{'s' if count > 1 else ''} from rank {peer} arrived "
+                f"on this communicator; the last, on tag {tag}, was taken {how}.)")
 
     def _check_peer(self, peer, what: str) -> None:
         if isinstance(peer, bool) or not isinstance(peer, int):

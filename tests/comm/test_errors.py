@@ -111,3 +111,20 @@ def test_bad_backend_and_device():
         md.launch(lambda comm: None, 2, device="tpu")
     with pytest.raises(ValueError, match="timeout"):
         md.launch(lambda comm: None, 2, timeout=0)
+
+
+def _any_then_named(comm):
+    if comm.rank == 1:
+        comm.send(torch.ones(2), 0, tag=3)
+        return None
+    comm.recv(torch.empty(2), md.ANY_SOURCE, tag=3)  # takes rank 1's only message
+    try:
+        comm.recv(torch.empty(2), 1, tag=3)
+    except md.CommTimeout as e:
+        return str(e)
+
+
+def test_timeout_after_any_source_says_what_arrived():
+    text = md.launch(_any_then_named, 2, timeout=1.0)[0]
+    assert "rank 1 never sent a matching message" in text
+    assert "1 message from rank 1 arrived" in text and "ANY_SOURCE" in text, text
