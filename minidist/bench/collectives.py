@@ -8,16 +8,23 @@ bandwidth algbw = n / t and bus bandwidth busbw = algbw * 2(p-1)/p (the nccl-tes
 convention: the load on the busiest link, comparable across world sizes), and the speedup
 over gloo (gloo's time / this time). minidist and gloo take turns in three rounds and each
 row keeps its best round, so that a burst of other work on a shared machine does not decide
-a comparison. Then an alpha-beta fit t(n) = alpha + n / beta per
-algorithm, printed as the ``MEASURED`` table that ``collectives/auto.py`` keeps.
+a comparison. Then two fits per algorithm: of the whole call, t(n) = alpha + n / beta
+(``"call_fits"``, gloo included), and of the algorithm's own cost formula,
+t = ``costs.time(path, n, p, alpha, beta)`` with alpha per message and beta per link
+(``"fit"``: least squares on relative error over the formula's message and byte counts,
+Thakur, Rabenseifner and Gropp 2005). ``--json PATH`` writes both, with the machine and the
+date; ``MINIDIST_COSTS=PATH`` (or ``md.collectives.auto.load_costs(PATH)``) then makes
+``auto`` choose by this machine's figures instead of the shipped ``default_costs.json``.
 """
 
 from __future__ import annotations
 
+import datetime
+
 import numpy as np
 import torch
 
-from ..collectives import ALL_REDUCE_ALGORITHMS, all_reduce
+from ..collectives import ALL_REDUCE_ALGORITHMS, all_reduce, costs
 from ..collectives import shared_memory as shm_collectives
 from ..collectives.agreement import agree, describe
 from ..collectives.auto import choose
@@ -28,6 +35,9 @@ SIZES = [4 << (2 * k) for k in range(13)]  # 4 B, 16 B, ..., 64 MiB
 QUICK_SIZES = [4, 1024, 64 << 10, 1 << 20, 16 << 20]
 ALGORITHMS = [a for a in ALL_REDUCE_ALGORITHMS if a != "auto"] + ["shm", "auto"]
 ROUNDS = 3
+MODEL = ("fit: per world size and all_reduce path, alpha (seconds per message or barrier) and "
+         "beta (bytes/s) of the path's cost formula, t = minidist.collectives.costs.time(path, "
+         "nbytes, p, alpha, beta); call_fits: the whole call, t = alpha + n / beta")
 
 
 def add_arguments(parser) -> None:
@@ -107,11 +117,21 @@ def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
     return float(alpha), float(1 / inv_beta) if inv_beta > 0 else float("inf")
 
 
+def fit_path(path: str, p: int, sizes, seconds) -> tuple[float, float]:
+    """The constants of ``path``'s cost formula, t = messages alpha + bytes / beta
+    (``costs.terms``), least squares on relative error; returns (alpha s, beta bytes/s).
+    alpha is clipped at 0: a slightly negative fit means "too small to see"."""
+    t = np.asarray(seconds, dtype=float)
+    a = np.array([costs.terms(path, n, p)[:2] for n in sizes], dtype=float) / t[:, None]
+    (alpha, inv_beta), *_ = np.linalg.lstsq(a, np.ones(len(sizes)), rcond=None)
+    return max(float(alpha), 0.0), float(1 / inv_beta) if inv_beta > 0 else float("inf")
+
+
 def main(args) -> dict:
     quick = args.quick or quick_mode()
     sizes = [n for n in (QUICK_SIZES if quick else SIZES)
              if args.max_size is None or n <= args.max_size]
-    rows, fits, picks = [], {}, {}
+    rows, fits, model, picks = [], {}, {}, {}
     for p in [int(w) for w in args.world_sizes.split(",")]:
         prow, picks[p] = measure(p, sizes, quick)
         rows += prow
@@ -123,14 +143,20 @@ def main(args) -> dict:
                                   ("busbw_GBps", "busbw GB/s", ".3f"),
                                   ("vs_gloo", "x gloo", ".2f")]))
         print("auto picks: " + ", ".join(f"{n} B: {a}" for n, a in picks[p].items()))
-        fits[p] = {a: fit_alpha_beta(sizes, [r["time_us"] * 1e-6 for r in prow
-                                             if r["algorithm"] == a])
-                   for a in ALGORITHMS + ["gloo"]}
-    _print_fits(fits)
+        secs = {a: [r["time_us"] * 1e-6 for r in prow if r["algorithm"] == a]
+                for a in ALGORITHMS + ["gloo"]}
+        fits[p] = {a: fit_alpha_beta(sizes, ts) for a, ts in secs.items()}
+        model[p] = {a: fit_path(a, p, sizes, ts) for a, ts in secs.items()
+                    if a in costs.ALL_REDUCE_PATHS}
+    _print_fits(fits, model)
     _print_goals(rows)
     result = {"rows": rows, "auto_picks": picks, "sizes": sizes,
-              "fits": {p: {a: {"alpha_us": al * 1e6, "beta_GBps": be / 1e9}
-                           for a, (al, be) in f.items()} for p, f in fits.items()}}
+              "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+              "model": MODEL,
+              "call_fits": {p: {a: {"alpha_us": al * 1e6, "beta_GBps": be / 1e9}
+                                for a, (al, be) in f.items()} for p, f in fits.items()},
+              "fit": {p: {a: {"alpha": al, "beta": be} for a, (al, be) in f.items()}
+                      for p, f in model.items()}}
     if args.json:
         save_json(args.json, result)
     if args.plot:
@@ -138,17 +164,18 @@ def main(args) -> dict:
     return result
 
 
-def _print_fits(fits) -> None:
-    print("\nalpha-beta fit per algorithm, t(n) = alpha + n / beta; as auto.py's MEASURED:\n")
-    print("MEASURED = {")
+def _print_fits(fits, model) -> None:
+    print("\nfit of the whole call, t(n) = alpha + n / beta:\n")
     for p, f in fits.items():
-        body = ", ".join(f'"{a}": ({al * 1e6:.1f}, {be / 1e9:.3f})' for a, (al, be) in f.items()
-                         if a not in ("auto", "gloo"))
-        print(f"    {p}: {{{body}}},")
-    print("}")
-    for p, f in fits.items():
-        al, be = f["gloo"]
-        print(f"gloo, p={p}: alpha = {al * 1e6:.1f} us, beta = {be / 1e9:.3f} GB/s")
+        print(f"p={p}: " + ", ".join(f"{a} ({al * 1e6:.1f} us, {be / 1e9:.3f} GB/s)"
+                                     for a, (al, be) in f.items()))
+    print("\nfit of each path's cost formula, costs.time(path, n, p, alpha, beta), alpha per "
+          "message, beta per link (the \"fit\" that auto loads from --json):\n")
+    rows = [{"p": p, "path": a, "alpha_us": al * 1e6, "beta_GBps": be / 1e9}
+            for p, f in model.items() for a, (al, be) in f.items()]
+    print(format_table(rows, [("p", "p", "d"), ("path", "path", "s"),
+                              ("alpha_us", "alpha us", ".2f"), ("beta_GBps", "beta GB/s", ".3f")]))
+    print("use it: MINIDIST_COSTS=<the --json file>, or md.collectives.auto.load_costs(path)")
 
 
 def _print_goals(rows) -> None:

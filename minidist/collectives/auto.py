@@ -1,5 +1,6 @@
-"""``algorithm="auto"``: a backend's own fast path where there is one, else the algorithm
-the measured alpha-beta figures predict to be fastest for this size and world size.
+"""``algorithm="auto"``: a backend's own fast path where there is one, else the path the
+cost formulas predict to be fastest for this size and world size, with constants measured
+on a real machine.
 
 Fast paths:
 
@@ -7,58 +8,118 @@ Fast paths:
   NCCL tune their own algorithms). Split-off communicators are not process groups, so they
   use minidist's algorithms. These bytes do not show up in ``comm.stats``.
 * ``local`` backend, world communicator, CPU tensor: the shared-memory reduction of
-  ``collectives/shared_memory.py`` competes with the message-passing algorithms on its
-  measured figures.
+  ``collectives/shared_memory.py`` (``"shm"``) competes with the message-passing algorithms.
 
-The figures: ``minidist bench collectives`` fits t(n) = alpha + n / beta per algorithm and
-world size over its sweep (least squares on relative error) and prints them as
-``MEASURED``; the table below is that output on the development machine. World sizes not in
-it use the nearest measured one (in log scale). With these figures, on a local-backend world
-communicator ``auto`` takes recursive doubling up to about 390 KB (p=2) or 48 KB (p=4) and
-the shared-memory path above; on a split-off communicator, recursive doubling and then ring
-from about 3 MB (p=2), or naive from about 200 KB and halving-doubling from about 790 KB
-(p=4, where 4 ranks share 2 cores). Split-off communicators of the torch backend use the
-same table, although it was measured on the local backend. Rerun the benchmark on another
-machine and paste its table here to retune.
+The prediction: path a on p ranks and n bytes takes ``costs.time(a, n, p, alpha, beta)``,
+the formula of ``collectives/costs.py`` (for ring 2(p-1) alpha + 2 (p-1)/p n / beta; Thakur,
+Rabenseifner and Gropp 2005) with alpha (seconds per message) and beta (bytes/s) fitted per
+path and world size by ``minidist bench collectives --json PATH`` (its ``"fit"`` section).
+The constants of the world size nearest to p (in log scale) are used, in p's own formula.
+The table comes from, in this order: :func:`load_costs`, the file named by the environment
+variable ``MINIDIST_COSTS``, or ``default_costs.json`` shipped with the package (measured on
+a 2-core VM, where 4 ranks share 2 cores). Every rank must use the same table, or ranks
+could take different paths: set ``MINIDIST_COSTS`` before ``md.launch``, or call
+``load_costs`` before it (forked ranks inherit it) or on every rank.
+
+With the shipped table, on a local-backend world communicator ``auto`` takes recursive
+doubling up to about 300 KB (p=2) or 47 KB (p=4) and the shared-memory path above (from
+p=5 on, always); on a split-off communicator recursive doubling and then ring from about
+2.1 MB (p=2), or naive from about 140 KB and halving-doubling from about 570 KB (p=4).
+Split-off communicators of the torch backend use the same table, although it was measured on
+the local backend.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import math
+import os
+import pathlib
 
 import torch
 
+from . import costs
 from . import shared_memory as shm_collectives
 
-# Fitted by `flock /tmp/minidist-heavy.lock minidist bench collectives --json c.json` on
-# 2026-11-30 (2-core AMD EPYC VM, 24 GiB, Python 3.11, torch 2.13 CPU; float32, 4 B to
-# 64 MiB, best of 3 rounds). world_size: {path: (alpha in microseconds, beta in GB/s)}.
-# gloo's all_reduce in the same run: p=2 (339.9, 1.288), p=4 (1108.6, 0.466).
-# With 4 ranks on 2 cores every message waits for a context switch, hence the large alphas.
-MEASURED = {
-    2: {"naive": (54.7, 2.535), "tree": (54.8, 2.424), "ring": (93.0, 5.158),
-        "recursive_doubling": (44.6, 4.612), "halving_doubling": (79.1, 4.811),
-        "shm": (70.5, 7.625)},
-    4: {"naive": (389.6, 0.695), "tree": (415.8, 0.677), "ring": (885.6, 0.862),
-        "recursive_doubling": (354.3, 0.586), "halving_doubling": (614.2, 0.975),
-        "shm": (407.9, 1.835)},
-}
+DEFAULT_COSTS = pathlib.Path(__file__).with_name("default_costs.json")
+_loaded: dict | None = None  # set by load_costs
 
 
 def choose(comm, x: torch.Tensor, nbytes: int | None = None) -> str:
-    """The name of the path ``auto`` takes for ``x`` (or ``nbytes`` of its kind) on ``comm``."""
+    """The name of the path ``auto`` takes for ``x`` (or ``nbytes`` of its kind) on ``comm``:
+    ``"native"``, or the path of the cost table whose predicted time is least."""
     if _native_ok(comm, x):
         return "native"
-    table = MEASURED[min(MEASURED, key=lambda q: abs(math.log2(q / comm.world_size)))]
+    p, table = comm.world_size, costs_table()
+    fit = table[min(table, key=lambda q: abs(math.log2(q / p)))]
     shm = shm_collectives.available(comm, x)
     nbytes = x.numel() * x.element_size() if nbytes is None else nbytes
-    return min((a for a in table if a != "shm" or shm),
-               key=lambda a: table[a][0] * 1e-6 + nbytes / (table[a][1] * 1e9))
+    return min((a for a in fit if a != "shm" or shm),
+               key=lambda a: costs.time(a, nbytes, p, *fit[a]))
+
+
+def costs_table() -> dict[int, dict[str, tuple[float, float]]]:
+    """The table ``choose`` uses: {world size: {path: (alpha s, beta bytes/s)}}."""
+    if _loaded is not None:
+        return _loaded
+    return _read_cached(os.environ.get("MINIDIST_COSTS") or str(DEFAULT_COSTS))
+
+
+def load_costs(path=None) -> dict[int, dict[str, tuple[float, float]]]:
+    """Make ``auto`` use the ``"fit"`` of the JSON file at ``path`` (as written by
+    ``minidist bench collectives --json PATH``) in this process; ``None`` goes back to
+    ``MINIDIST_COSTS`` or the shipped table. Returns the table now in use."""
+    global _loaded
+    _loaded = None if path is None else read_costs(path)
+    return costs_table()
+
+
+@functools.lru_cache(maxsize=8)
+def _read_cached(path: str) -> dict:
+    return read_costs(path)
+
+
+def read_costs(path) -> dict[int, dict[str, tuple[float, float]]]:
+    """The ``"fit"`` section of a cost file, checked: {world size: {path: (alpha, beta)}}.
+    Paths this version does not know are skipped; each world size needs a message path."""
+    try:
+        with open(path) as f:
+            fit = json.load(f)["fit"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"cannot read a cost table from {path}: it needs a JSON object with "
+                         f"a \"fit\" section ({type(e).__name__}: {e})") from None
+    if not isinstance(fit, dict) or not fit:
+        raise ValueError(f"{path}: \"fit\" must map world sizes to paths")
+    return {_world_size(path, p): _paths(path, p, paths) for p, paths in fit.items()}
+
+
+def _world_size(path, p) -> int:
+    if not str(p).isdigit() or int(p) < 1:
+        raise ValueError(f"{path}: world size {p!r} in \"fit\" is not a positive integer")
+    return int(p)
+
+
+def _paths(path, p, paths) -> dict[str, tuple[float, float]]:
+    out = {}
+    for name, c in paths.items() if isinstance(paths, dict) else ():
+        if name not in costs.ALL_REDUCE_PATHS:
+            continue
+        alpha, beta = (c.get("alpha"), c.get("beta")) if isinstance(c, dict) else (None, None)
+        if not (isinstance(alpha, (int, float)) and isinstance(beta, (int, float))
+                and math.isfinite(alpha) and alpha >= 0 and beta > 0):
+            raise ValueError(f"{path}: fit[{p}][{name}] needs alpha >= 0 (seconds) and "
+                             f"beta > 0 (bytes/s), got {c!r}")
+        out[name] = (float(alpha), float(beta))
+    if not set(out) - {"shm"}:
+        raise ValueError(f"{path}: fit[{p}] names no all_reduce algorithm; known: "
+                         f"{', '.join(costs.ALL_REDUCE_PATHS)}")
+    return out
 
 
 def all_reduce_auto(comm, x: torch.Tensor, op: str, algorithms: dict) -> str:
-    """Reduce ``x`` in place by the path ``choose`` names; returns that name. The shared-
-    memory path completes ``avg`` itself; the others leave the division to the caller."""
+    """Reduce ``x`` in place by the path ``choose`` names; returns that name. Every path
+    leaves ``avg`` as a sum: the caller divides."""
     name = choose(comm, x)
     if name == "native":
         _native(comm, x, op)
@@ -89,5 +150,8 @@ def _nccl() -> bool:
 def _native(comm, x: torch.Tensor, op: str) -> torch.Tensor:
     import torch.distributed as dist
 
-    dist.all_reduce(x, op=getattr(dist.ReduceOp, _NATIVE_OPS[op]))
+    dist.all_reduce(x, op=getattr(dist.ReduceOp, _NATIVE_OPS[op]),
+                    group=comm.capability("process_group"))
+    # gloo's and NCCL's own traffic is invisible here: record what was handed over instead
+    comm.stats.on_native(x.numel() * x.element_size())
     return x  # avg: api.all_reduce divides by p afterwards, as for every algorithm

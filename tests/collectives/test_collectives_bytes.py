@@ -1,5 +1,8 @@
-"""Communication volume from ``comm.stats``: every algorithm sends exactly the bytes its
-docstring states (payload only: the agreement check is control traffic and not counted)."""
+"""Communication volume from ``comm.stats`` through the public calls: every algorithm and
+collective sends exactly the bytes ``collectives/costs.py`` (the one source of byte counts)
+gives for each rank, ``auto`` included whichever path it takes (payload only: the agreement
+check is control traffic and not counted). ``test_costs.py`` covers more lengths, dtypes
+and roots; ``test_collectives_torch.py`` reuses these helpers on gloo."""
 
 from __future__ import annotations
 
@@ -7,9 +10,11 @@ import pytest
 import torch
 
 import minidist as md
+from minidist.collectives import costs
 from minidist.collectives.auto import choose
 
 LENGTHS = [0, 1, 7, 24, 840, 1031]  # 24 and 840 are divisible by every p <= 8
+BIG = 300_007  # large enough for auto to take the shared-memory path
 
 
 def _traffic(comm, cases):
@@ -22,59 +27,20 @@ def _traffic(comm, cases):
             x = torch.empty(n, dtype=dtype)
         picked = choose(comm, x) if kw.get("algorithm") == "auto" else None
         comm.stats.reset()
-        getattr(md, fn)(comm, x, **kw)
+        if fn == "all_reduce_coalesced":  # the bytes of one all_reduce of the concatenation
+            md.all_reduce_coalesced(comm, list(x.split(max(1, n // 3))), **kw)
+        else:
+            getattr(md, fn)(comm, x, **kw)
         out.append((comm.stats.bytes_sent, comm.stats.bytes_received, picked))
     return out
 
 
-def _chunks(n, p):
-    return [len(c) for c in torch.arange(n).tensor_split(p)]
-
-
-def _children(v, p):
-    """Binomial tree numbered from the root: v's children are v + 2^k for 2^k below v's
-    lowest set bit (any 2^k < p for the root)."""
-    low = v & -v if v else 1 << p.bit_length()
-    return sum(1 for k in range(p.bit_length()) if (1 << k) < low and v + (1 << k) < p)
-
-
-def _folded(p):
-    pp = 1 << (p.bit_length() - 1)
-    return pp, p - pp
-
-
 def expected_sent(fn, algo, p, r, n, size, root=0):
-    """Bytes rank r sends, from the formulas in the docstrings (n elements of ``size``)."""
-    N, v = n * size, (r - root) % p
-    if fn == "broadcast":
-        return N * _children(v, p)
-    if fn in ("reduce", "gather"):
-        return 0 if r == root else N
-    if fn == "scatter":
-        return (p - 1) * N if r == root else 0
-    if fn in ("all_gather", "all_to_all"):
-        return (p - 1) * N
-    c = [k * size for k in _chunks(n, p)]
-    if fn == "reduce_scatter":
-        return N - c[r]
-    if algo == "naive":
-        return (p - 1) * N if r == 0 else N
-    if algo == "tree":
-        return (N if r else 0) + N * _children(r, p)
-    if algo == "ring":
-        return 2 * N - c[r] - c[(r + 1) % p]
-    pp, e = _folded(p)
-    if r < 2 * e and r % 2 == 0:
-        return N  # folded away: sends its tensor once, gets the result back
-    extra = N if r < 2 * e else 0
-    v = r // 2 if r < 2 * e else r - e
-    lg = pp.bit_length() - 1
-    if algo == "recursive_doubling":
-        return extra + lg * N
-    c = [k * size for k in _chunks(n, pp)]  # halving_doubling: chunks over the p' ranks
-    halving = N - c[v]  # every chunk but its own, each sent once
-    doubling = sum(sum(c[(v >> k << k):(v >> k << k) + (1 << k)]) for k in range(lg))
-    return extra + halving + doubling
+    """Bytes rank r sends (n elements of ``size`` bytes), from ``costs.bytes_sent``."""
+    if fn in ("all_reduce", "all_reduce_coalesced"):
+        return costs.bytes_sent(algo, n, size, p, r)
+    kw = {"root": root} if fn in ("broadcast", "reduce", "gather", "scatter") else {}
+    return costs.bytes_sent(fn, n, size, p, r, **kw)
 
 
 def _cases(p):
@@ -83,6 +49,7 @@ def _cases(p):
         for dtype in (torch.float32, torch.float16):
             for algo in md.ALL_REDUCE_ALGORITHMS:
                 cases.append(("all_reduce", n, dtype, {"algorithm": algo}))
+            cases.append(("all_reduce_coalesced", n, dtype, {"algorithm": "auto"}))
         root = p - 1
         cases += [("broadcast", n, torch.int64, {"src": root}),
                   ("reduce", n, torch.int64, {"dst": root}),
@@ -90,6 +57,8 @@ def _cases(p):
                   ("scatter", n, torch.int64, {"src": root}),
                   ("all_gather", n, torch.int64, {}), ("all_to_all", n, torch.int64, {}),
                   ("reduce_scatter", n, torch.int64, {})]
+    cases += [(fn, BIG, torch.float32, {"algorithm": "auto"})
+              for fn in ("all_reduce", "all_reduce_coalesced")]
     return cases
 
 
@@ -105,12 +74,13 @@ def test_bytes_sent_match_the_formulas(world_size):
         if algo == "auto":
             algo = out[0][i][2]
             assert all(o[i][2] == algo for o in out)  # every rank picks the same path
-            if algo in ("shm", "native"):  # no messages: shared memory / torch's own
-                assert sum(sent) == 0
+            if fn == "all_reduce_coalesced" and (p == 1 or n == 0):
+                assert sent == [0] * p  # returns before choosing a path
                 continue
-        size = dtype.itemsize
+            if n == BIG and p > 1:  # the world communicator reduces in shared memory
+                assert algo == "shm"
         root = kw.get("src", kw.get("dst", 0))
-        want = [expected_sent(fn, algo, p, r, n, size, root) for r in range(p)]
+        want = [expected_sent(fn, algo, p, r, n, dtype.itemsize, root) for r in range(p)]
         assert sent == want, (fn, algo, n, dtype)
 
 
