@@ -31,7 +31,8 @@ def _traffic(comm, cases):
             md.all_reduce_coalesced(comm, list(x.split(max(1, n // 3))), **kw)
         else:
             getattr(md, fn)(comm, x, **kw)
-        out.append((comm.stats.bytes_sent, comm.stats.bytes_received, picked))
+        out.append((comm.stats.bytes_sent, comm.stats.bytes_received, picked,
+                    comm.stats.native_bytes))
     return out
 
 
