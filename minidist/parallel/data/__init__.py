@@ -1,11 +1,17 @@
 """Data parallelism: replicas of the whole model, gradients averaged across ranks.
 
-``DataParallelNaive`` (``naive.py``) beside ``DistributedDataParallel`` (``ddp.py``, with its
-``Reducer`` and buckets), and ``DistributedSampler`` (``sampler.py``), each rank's shard.
+``DataParallelNaive`` (``naive.py``) beside ``DistributedDataParallel`` (``ddp.py``): its
+``BucketScheduler`` (``scheduler.py``: hooks, bucket order, the communication thread,
+``no_sync``), the ``Bucket`` layout (``buckets.py``) and the pluggable ``BucketReduction``
+(``reductions.py``: ``Average``, ``CommHook``, ``Wrapped``); and ``DistributedSampler``
+(``sampler.py``), each rank's shard.
 """
 
 from .ddp import DistributedDataParallel
 from .naive import DataParallelNaive
+from .reductions import Average, BucketReduction, CommHook, Wrapped
 from .sampler import DistributedSampler
+from .scheduler import BucketScheduler, SyncSwitch
 
-__all__ = ["DataParallelNaive", "DistributedDataParallel", "DistributedSampler"]
+__all__ = ["Average", "BucketReduction", "BucketScheduler", "CommHook", "DataParallelNaive",
+           "DistributedDataParallel", "DistributedSampler", "SyncSwitch", "Wrapped"]

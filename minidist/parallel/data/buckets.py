@@ -1,6 +1,21 @@
-"""Gradient buckets: which parameters share one all-reduce, and the default comm hook.
+"""Gradient buckets: which parameters share one reduction, and how gradients get into a
+bucket and back out of it.
 
-Why buckets, and why in reverse registration order: see ``reducer.py`` (Li et al., VLDB 2020).
+Why buckets, and why in reverse registration order: see ``scheduler.py`` (Li et al., VLDB
+2020). A bucket has one of two layouts, chosen per bucket from the reduction's
+``needs_flat`` (``reductions.py``):
+
+* flat: each gradient is copied into its slot of ``bucket.buffer`` when it is ready, the
+  reduction works on the buffer, and the result is copied back into ``param.grad``;
+* in place: the gradients stay in ``param.grad`` and the reduction works on them where they
+  lie (``bucket.grads``), which saves two passes over every gradient.
+
+A reduction can ignore the difference by reducing ``bucket.grads``: the slot views of the
+buffer in the flat layout, the gradients themselves (or zero stand-ins) in place::
+
+    class Summing(BucketReduction):
+        def needs_flat(self, bucket): return False
+        def reduce(self, comm, bucket): all_reduce_coalesced(comm, bucket.grads, op="sum")
 """
 
 from __future__ import annotations
@@ -12,11 +27,12 @@ from ...collectives import all_reduce
 
 
 class Bucket:
-    """One flat buffer holding the gradients of a few parameters, reduced by one all-reduce.
+    """One flat buffer holding the gradients of a few parameters, reduced together.
 
-    A comm hook receives the Bucket: ``bucket.buffer`` (the flat gradients), ``bucket.index``
-    (its position in the reduction order, stable across steps, for per-bucket state such as
-    error feedback), ``bucket.params`` and ``bucket.names``."""
+    A reduction (or comm hook) receives the Bucket: ``bucket.buffer`` (the flat gradients),
+    ``bucket.grads`` (the tensors to reduce in place, in slot order), ``bucket.flat`` (the
+    layout), ``bucket.index`` (its position in the reduction order, stable across steps, for
+    per-bucket state such as error feedback), ``bucket.params`` and ``bucket.names``."""
 
     def __init__(self, index: int, params: list[nn.Parameter], names: list[str],
                  members: list[int]):
@@ -25,6 +41,8 @@ class Bucket:
         sizes = [p.numel() for p in params]
         self.buffer = torch.zeros(sum(sizes), dtype=params[0].dtype, device=params[0].device)
         self.views = [chunk.view_as(p) for chunk, p in zip(self.buffer.split(sizes), params)]
+        self.flat = True  # the layout; the scheduler sets it from its reduction
+        self.grads: list[torch.Tensor] = self.views  # what an in-place reduction reduces
         self.temps: dict[int, torch.Tensor] = {}  # slot k -> stand-in for a missing .grad
 
     @property
@@ -32,7 +50,69 @@ class Bucket:
         return self.buffer.numel() * self.buffer.element_size()
 
     def __repr__(self) -> str:
-        return f"Bucket({self.index}, {len(self.params)} params, {self.nbytes} bytes)"
+        layout = "flat" if self.flat else "in place"
+        return f"Bucket({self.index}, {len(self.params)} params, {self.nbytes} bytes, {layout})"
+
+    # -- flat layout: in and out of the buffer ----------------------------------------------
+    def copy_in(self, k: int, divisor: int = 1, as_view: bool = False) -> None:
+        """Put slot ``k``'s gradient into the buffer, divided by ``divisor`` on the way (the
+        default average divides by p here, as torch does: the all-reduce then just sums).
+        ``as_view``: from now on autograd accumulates straight into the slot."""
+        p, view = self.params[k], self.views[k]
+        if p.grad is None:  # an unused parameter contributes zeros
+            view.zero_()
+        elif p.grad.data_ptr() == view.data_ptr():  # autograd accumulated into the slot
+            if divisor > 1:
+                view.div_(divisor)
+        else:
+            if divisor > 1:
+                torch.div(p.grad, divisor, out=view)
+            else:
+                view.copy_(p.grad)
+            if as_view:
+                p.grad = view
+
+    # -- either layout: what to reduce, and writing the result back -------------------------
+    def gather(self, unused: set[int]) -> list[torch.Tensor]:
+        """Point ``self.grads`` at the tensors a reduction should reduce in place: the slot
+        views (flat), or each ``param.grad`` where it lies, with a zero stand-in for a
+        missing one and a contiguous copy for an unused or non-contiguous one (written back
+        by ``write_back``). ``unused``: registration indices the forward did not reach."""
+        self.temps = {}
+        if self.flat:
+            self.grads = self.views
+            return self.grads
+        grads = []
+        for k, (i, p) in enumerate(zip(self.members, self.params)):
+            g = p.grad
+            if g is None or i in unused or not g.is_contiguous():
+                g = torch.zeros_like(p) if g is None else g.contiguous().clone()
+                self.temps[k] = g
+            grads.append(g)
+        self.grads = grads
+        return grads
+
+    def write_back(self, skip: set[int], as_view: bool = False) -> None:
+        """Make ``param.grad`` hold the reduced values, except for the registration indices
+        in ``skip`` (parameters no rank used keep their ``.grad``, as in PyTorch)."""
+        if not self.flat:
+            for k, g in self.temps.items():
+                p = self.params[k]
+                if self.members[k] in skip:
+                    continue
+                if p.grad is None:
+                    p.grad = g.view_as(p)
+                else:
+                    p.grad.copy_(g.view_as(p))
+            self.temps = {}
+            return
+        for i, p, view in zip(self.members, self.params, self.views):
+            if i in skip:
+                continue
+            if p.grad is None:
+                p.grad = view if as_view else view.clone()
+            elif p.grad.data_ptr() != view.data_ptr():
+                p.grad.copy_(view)
 
 
 def assign_buckets(params: list[torch.Tensor], cap_bytes: float) -> list[list[int]]:

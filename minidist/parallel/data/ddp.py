@@ -11,8 +11,12 @@ trajectory up to floating-point rounding. Two versions, side by side as in picot
   and computes nothing while communicating.
 * ``DistributedDataParallel``: PyTorch DDP's design (Li et al., VLDB 2020): gradients in
   buckets, each bucket's all-reduce started by autograd hooks as soon as it is full, on a
-  communication thread, so it overlaps the rest of backward. The machinery is in
-  ``reducer.py``.
+  communication thread, so it overlaps the rest of backward. *When* a bucket is reduced is
+  the ``BucketScheduler``'s business (``scheduler.py``); *what* reducing it means is a
+  pluggable ``BucketReduction`` (``reductions.py``), so other strategies reuse the
+  scheduler with their own reduction::
+
+      ddp = md.DistributedDataParallel(model, comm, reduction=MyReduction())
 
 Both start by checking that every rank holds the same parameters, then copy rank 0's
 parameters and buffers to all ranks, so that the replicas start identical.
@@ -21,13 +25,16 @@ parameters and buffers to all ranks, so that the replicas start identical.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from contextlib import nullcontext
 
 import torch
 from torch import nn
 
-from .reducer import Reducer, tensors_in
+from ...faults import inject_delay, maybe_delay
+from .graph import at_backward_end, on_backward_start
+from .reductions import Average, BucketReduction, CommHook
 from .replicas import broadcast_tensors, check_args, sync_module_states
+from .scheduler import BucketScheduler
 
 
 # -- the fast version ----------------------------------------------------------------------------
@@ -43,108 +50,134 @@ class DistributedDataParallel(nn.Module):
     its bucket, which saves copying every gradient back after the all-reduce.
     ``comm_hook(comm, bucket) -> tensor`` replaces the default averaging (see
     ``register_comm_hook``). ``algorithm``: which all_reduce (``md.ALL_REDUCE_ALGORITHMS``).
-    ``straggler_rank``/``straggler_delay``: that rank sleeps
-    ``straggler_delay`` seconds before each forward, to study load imbalance.
+    ``reduction``: a ``BucketReduction`` (``reductions.py``) replacing the average
+    altogether (not with ``comm_hook``).
+
+    ``straggler_rank``/``straggler_delay``: that rank sleeps ``straggler_delay`` seconds
+    before each forward, to study load imbalance. Kept for existing code; the general form,
+    which works for every strategy, at any of its points and for several ranks, is
+    ``with md.slow_rank(comm, rank=1, seconds=0.05): ...`` (``minidist/faults.py``), which is
+    also how this option is implemented.
 
     Differences from torch's DDP, kept out for clarity: torch uses a 1 MiB first bucket and,
     after the first step, re-buckets in the order gradients actually arrived; here buckets
     always follow reverse registration order. Timeline (``comm.timeline``): spans
-    ``forward``, ``backward``, ``bucket i`` (each all-reduce) and ``wait for buckets`` (the
-    communication backward could not hide)."""
+    ``forward``, ``backward``, ``bucket i`` (each bucket's reduction), ``wait for buckets``
+    (the communication backward could not hide) and ``straggler delay``."""
 
     def __init__(self, module: nn.Module, comm, bucket_cap_mb: float = 25, overlap: bool = True,
                  find_unused_parameters: bool = False, broadcast_buffers: bool = True,
                  gradient_as_bucket_view: bool = False, comm_hook=None, algorithm: str = "auto",
-                 straggler_rank: int | None = None, straggler_delay: float = 0.0):
+                 straggler_rank: int | None = None, straggler_delay: float = 0.0,
+                 reduction: BucketReduction | None = None):
         super().__init__()
         check_args(module, comm)
-        _check_options(comm, bucket_cap_mb, comm_hook, straggler_rank, straggler_delay)
+        _check_options(comm, bucket_cap_mb, comm_hook, reduction, straggler_rank,
+                       straggler_delay)
         self.module, self.comm = module, comm
         self.broadcast_buffers = broadcast_buffers
         self.straggler_rank, self.straggler_delay = straggler_rank, float(straggler_delay)
-        self.require_backward_grad_sync = True
         sync_module_states(comm, module)
+        if reduction is None:
+            reduction = Average(algorithm) if comm_hook is None else CommHook(comm_hook)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        self.reducer = Reducer(comm, named, bucket_cap_mb * 2**20, overlap,
-                               find_unused_parameters, gradient_as_bucket_view, comm_hook,
-                               algorithm)
+        self.scheduler = BucketScheduler(comm, named, bucket_cap_mb * 2**20, reduction,
+                                         overlap, find_unused_parameters,
+                                         gradient_as_bucket_view)
 
     def forward(self, *args, **kwargs):
-        timeline = self.comm.timeline
-        if self.straggler_delay > 0 and self.comm.rank == self.straggler_rank:
-            with timeline.span("straggler delay", "straggler"):
-                time.sleep(self.straggler_delay)
-        sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        with self._legacy_straggler():
+            maybe_delay(self.comm, "forward")
+        sync = self.scheduler.will_sync()
         buffers = list(self.module.buffers())
         if sync and self.broadcast_buffers and buffers and self.comm.world_size > 1:
             broadcast_tensors(self.comm, buffers)
-        with timeline.span("forward"):
+        with self.comm.timeline.span("forward"):
             out = self.module(*args, **kwargs)
         if torch.is_grad_enabled():
-            self.reducer.prepare(out, sync)
-            if timeline.enabled:
-                _record_backward(out, timeline)
+            self.scheduler.prepare(out, sync)
+            on_backward_start(out, self._backward_started)
         return out
 
-    @contextmanager
+    def _legacy_straggler(self):
+        if self.straggler_rank is None or self.straggler_delay <= 0:
+            return nullcontext()
+        return inject_delay(self.comm, self.straggler_delay, ranks=[self.straggler_rank],
+                            where="forward")
+
+    def _backward_started(self) -> None:
+        """At the start of backward: the ``"backward"`` fault point, and a ``backward`` span
+        that ends when the autograd engine finishes the pass (callbacks run in the order
+        queued, so it ends before the scheduler's wait begins)."""
+        maybe_delay(self.comm, "backward")
+        timeline = self.comm.timeline
+        if timeline.enabled:
+            start = time.perf_counter()
+            at_backward_end(lambda: timeline.record("backward", "compute", start,
+                                                    time.perf_counter()))
+
     def no_sync(self):
         """Skip the all-reduce for backward passes of forwards run inside the block: gradients
         accumulate locally in ``.grad``, and the first synchronizing backward after it
-        averages the accumulated sum (gradient accumulation at the cost of one all-reduce)."""
-        before, self.require_backward_grad_sync = self.require_backward_grad_sync, False
-        try:
-            yield
-        finally:
-            self.require_backward_grad_sync = before
+        averages the accumulated sum (gradient accumulation at the cost of one all-reduce).
+        The scheduler's ``no_sync`` (``SyncSwitch``)."""
+        return self.scheduler.no_sync()
+
+    @property
+    def require_backward_grad_sync(self) -> bool:
+        """False inside ``no_sync()`` (torch's attribute of the same name)."""
+        return self.scheduler.require_backward_grad_sync
+
+    @require_backward_grad_sync.setter
+    def require_backward_grad_sync(self, value: bool) -> None:
+        self.scheduler.require_backward_grad_sync = bool(value)
 
     def register_comm_hook(self, hook) -> None:
         """Replace how a bucket is reduced (torch: ``register_comm_hook``). ``hook(comm,
         bucket)`` gets this rank's gradients in ``bucket.buffer`` and returns their average
         over the ranks (``bucket.buffer`` itself, or a tensor of its shape and dtype); it runs
         on the communication thread when overlapping. ``buckets.allreduce_hook`` is the
-        default written as a hook. Gradient compression plugs in here."""
-        if not callable(hook):
-            raise TypeError(f"comm hook must be callable, got {type(hook).__name__}")
-        self.reducer.hook = hook
+        default written as a hook. Gradient compression plugs in here (``CommHook``)."""
+        self.scheduler.reduction = CommHook(hook)
+
+    @property
+    def reduction(self) -> BucketReduction:
+        """What reducing one bucket means (``reductions.py``); assignable between steps."""
+        return self.scheduler.reduction
+
+    @reduction.setter
+    def reduction(self, reduction: BucketReduction) -> None:
+        self.scheduler.reduction = reduction
 
     @property
     def buckets(self):
         """The gradient buckets, in reduction order."""
-        return self.reducer.buckets
+        return self.scheduler.buckets
 
     @property
     def last_sync(self) -> dict:
         """Timing of the last synchronizing backward: ``comm_s`` (seconds the bucket
         all-reduces took), ``wait_s`` (seconds backward waited for them at its end, i.e. the
         communication overlap did not hide) and ``buckets``."""
-        return dict(self.reducer.stats)
+        return dict(self.scheduler.stats)
 
 
-def _check_options(comm, bucket_cap_mb, comm_hook, straggler_rank, straggler_delay) -> None:
+def _check_options(comm, bucket_cap_mb, comm_hook, reduction, straggler_rank,
+                   straggler_delay) -> None:
     if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) \
             or not bucket_cap_mb > 0:
         raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}")
     if comm_hook is not None and not callable(comm_hook):
         raise TypeError(f"comm_hook must be callable, got {type(comm_hook).__name__}")
+    if reduction is not None and not isinstance(reduction, BucketReduction):
+        raise TypeError("reduction must be a BucketReduction (minidist.parallel.data."
+                        f"reductions), got {type(reduction).__name__}")
+    if reduction is not None and comm_hook is not None:
+        raise ValueError("pass comm_hook or reduction, not both (a comm hook is one kind of "
+                         "reduction: CommHook(hook))")
     if straggler_rank is not None and not (isinstance(straggler_rank, int)
                                            and 0 <= straggler_rank < comm.world_size):
         raise ValueError(f"straggler_rank must be a rank in 0..{comm.world_size - 1} or None, "
                          f"got {straggler_rank!r}")
     if not straggler_delay >= 0:
         raise ValueError(f"straggler_delay must be >= 0 seconds, got {straggler_delay!r}")
-
-
-def _record_backward(outputs, timeline) -> None:
-    """Put a ``backward`` span on the timeline: it starts when the output's gradient arrives
-    and ends when the autograd engine finishes the pass (callbacks run in the order queued,
-    so this one ends before the Reducer's wait begins)."""
-    first = next((t for t in tensors_in(outputs) if t.requires_grad), None)
-    if first is None:
-        return
-
-    def on_output_grad(_grad):
-        start = time.perf_counter()
-        torch.autograd.Variable._execution_engine.queue_callback(
-            lambda: timeline.record("backward", "compute", start, time.perf_counter()))
-
-    first.register_hook(on_output_grad)

@@ -8,7 +8,8 @@ B * eps * (sum of its terms' magnitudes), eps = 1.1e-16: ~1e-15 here, and four S
 lr 0.1 on these small well-conditioned models keep parameter differences at that level (the
 largest observed is 6e-17). We allow 1e-13 absolute on O(1) parameters: a hundred times that
 bound, and many orders of magnitude below what any real bug (a missing 1/p, a stale bucket, a
-gradient reduced twice or not at all) causes.
+gradient reduced twice or not at all) causes. The reference training and the comparisons are
+``tests/oracles.py``, shared with every strategy.
 """
 
 from __future__ import annotations
@@ -20,6 +21,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from oracles import (
+    assert_params_close,
+    assert_replicas_bitwise,
+    params_of,
+    train_single,
+    train_steps,
+)
 from torch import nn
 
 import minidist as md
@@ -27,6 +35,7 @@ from minidist.parallel.data.buckets import assign_buckets
 
 ATOL = 1e-13
 B, STEPS = 12, 4  # global batch: divisible by every world size tested (1, 2, 3, 4)
+SGD = {"lr": 0.1, "momentum": 0.9}  # the optimizer of every run here (torch.optim.SGD)
 
 
 # -- models and data ---------------------------------------------------------------------------
@@ -53,26 +62,8 @@ def batches(kind: str, steps: int = STEPS, batch: int = B) -> list[tuple]:
 
 
 def train(model, data, rank: int = 0, world: int = 1) -> list[float]:
-    """SGD with momentum; this rank's slice of every global batch; returns its losses."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    losses = []
-    for x, y in data:
-        opt.zero_grad()
-        loss = F.mse_loss(model(x.chunk(world)[rank]), y.chunk(world)[rank])
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
-def params_of(model) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in model.parameters()]
-
-
-def assert_params_close(got, want, atol=ATOL):
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert (g - w).abs().max().item() <= atol, (g - w).abs().max().item()
+    """SGD with momentum on this rank's slice of every global batch (``oracles``)."""
+    return train_steps(model, data, rank=rank, world=world, **SGD)
 
 
 # -- equivalence with one process ----------------------------------------------------------------
@@ -101,6 +92,7 @@ def _equivalence_rank(comm):
             model = make(seed=comm.rank)  # replicas start different: DDP copies rank 0's
             ddp = wrap(comm, model, kind, kwargs)
             train(ddp, data, comm.rank, comm.world_size)
+            assert_replicas_bitwise(comm, model)  # every rank receives the same sums
             nb = len(ddp.buckets) if kind == "ddp" else None
             out[name, i] = (params_of(model), nb)
     return out
@@ -110,16 +102,12 @@ def _equivalence_rank(comm):
 def test_matches_single_process(world_size):
     results = md.launch(_equivalence_rank, world_size)
     for name, (make, _) in MODELS.items():
-        ref = make(seed=0)
-        train(ref, batches(name))
-        want = params_of(ref)
+        want = train_single(make, batches(name), **SGD).params
         n_params = len(want)
         for i, (_, kwargs) in enumerate(CONFIGS):
             for rank in range(world_size):
                 got, nb = results[rank][name, i]
-                assert_params_close(got, want)
-                # replicas stay bitwise identical: every rank receives the same sums
-                assert all(torch.equal(a, b) for a, b in zip(got, results[0][name, i][0]))
+                assert_params_close(got, want, atol=ATOL)
             if kwargs.get("bucket_cap_mb") == TINY:
                 assert nb == n_params
             if kwargs.get("bucket_cap_mb") == HUGE:
@@ -142,7 +130,7 @@ def test_matches_torch_ddp():
     for theirs, ours, p_theirs, p_ours in md.launch(_torch_vs_minidist, 2, backend="torch"):
         assert len(theirs) == 6
         torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=0)
-        assert_params_close(p_ours, p_theirs)
+        assert_params_close(p_ours, p_theirs, atol=ATOL)
 
 
 # -- gradient accumulation -------------------------------------------------------------------------
@@ -152,7 +140,7 @@ ACCUM = 3  # micro-batches per optimizer step
 def accumulate(comm, model, data) -> list[int]:
     """ACCUM micro-batches per step, the first ACCUM-1 under no_sync; returns, per step, the
     payload bytes this rank sent during the no_sync passes (must be 0)."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), **SGD)
     quiet = []
     for x, y in data:
         xs = x.chunk(comm.world_size)[comm.rank].chunk(ACCUM)
@@ -179,12 +167,12 @@ def _no_sync_rank(comm):
 
 
 def test_no_sync_accumulation_equals_one_large_batch():
-    ref = mlp()
-    train(ref, batches("mlp", steps=2, batch=B))  # one step per batch of B, no accumulation
+    # one step per batch of B, no accumulation
+    want = train_single(mlp, batches("mlp", steps=2, batch=B), **SGD).params
     for rank_out in md.launch(_no_sync_rank, 2):
         for got, quiet in rank_out:
             assert quiet == [0, 0]
-            assert_params_close(got, params_of(ref))
+            assert_params_close(got, want, atol=ATOL)
 
 
 # -- unused parameters ----------------------------------------------------------------------------
@@ -208,7 +196,7 @@ class Branchy(nn.Module):
 def branchy_steps(model, data, uses, ranks: list[int], world: int):
     """Step s: rank r uses ``extra`` iff ``uses[s][r]``. A DDP rank passes ``ranks=[rank]``;
     one process reproduces DDP with all ranks' slices and the mean of their losses."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), **SGD)
     for (x, y), use in zip(data, uses):
         opt.zero_grad()
         losses = [F.mse_loss(model(x.chunk(world)[r], use[r]), y.chunk(world)[r])
@@ -248,7 +236,7 @@ def test_unused_parameters():
     assert ref.never.weight.grad is None
     for out, err, _ in results:
         for got, never_grad in out:
-            assert_params_close(got, params_of(ref))
+            assert_params_close(got, params_of(ref), atol=ATOL)
             assert never_grad is None  # unused on every rank: .grad left alone, as in torch
         assert err is not None
         assert "'never.weight'" in err and "'never.bias'" in err

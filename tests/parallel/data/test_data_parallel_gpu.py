@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_data_parallel import assert_params_close, batches, mlp, params_of, train
+from oracles import assert_params_close, params_of, train_single
+from test_data_parallel import ATOL, SGD, batches, mlp, train
 
 import minidist as md
 
@@ -20,14 +21,13 @@ def _cuda_rank(comm):
         model = mlp(seed=comm.rank).to(comm.device)
         ddp = md.DistributedDataParallel(model, comm, bucket_cap_mb=1e-6, overlap=overlap)
         train(ddp, data, comm.rank, comm.world_size)
-        out.append([p.cpu() for p in params_of(model)])
+        out.append({n: p.cpu() for n, p in params_of(model).items()})
     return out
 
 
 def test_ddp_on_cuda_matches_one_process():
-    ref = mlp().cuda()
-    train(ref, [(x.cuda(), y.cuda()) for x, y in batches("mlp")])
-    want = [p.cpu() for p in params_of(ref)]
+    want = train_single(lambda: mlp().cuda(), [(x.cuda(), y.cuda()) for x, y in batches("mlp")],
+                        **SGD).params
     for rank_out in md.launch(_cuda_rank, 2, device="cuda"):
         for got in rank_out:
-            assert_params_close(got, want)
+            assert_params_close(got, want, atol=ATOL)

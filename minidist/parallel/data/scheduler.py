@@ -1,36 +1,47 @@
-"""Gradient buckets and the Reducer behind ``DistributedDataParallel``.
+"""The bucket scheduler behind ``DistributedDataParallel``: *when* each bucket is reduced.
 
 This is the machinery of PyTorch DDP as Li et al. describe it ("PyTorch Distributed:
-Experiences on Accelerating Data Parallel Training", VLDB 2020, sections 3.2 and 4.2):
+Experiences on Accelerating Data Parallel Training", VLDB 2020, sections 3.2 and 4.2);
+*what* reducing a bucket means is a pluggable ``BucketReduction`` (``reductions.py``).
 
 * Buckets. One all-reduce per parameter pays the latency (alpha) hundreds of times; one
   all-reduce of everything cannot start before the whole backward pass is over. DDP packs
-  gradients into buckets of about ``bucket_cap_mb`` and reduces bucket by bucket. Parameters
-  go into buckets in *reverse* registration order, because backward produces the gradients
-  of the last layers first. A bucket holds one dtype (one flat buffer).
-* Hooks. An autograd hook on every parameter fires when its gradient has been accumulated.
-  With a comm hook (or 16-bit gradients) it copies the gradient into its bucket slot,
-  dividing by the world size on the way so the all-reduce only sums, as torch does; by
-  default the gradient stays where it is and the bucket is averaged in place by one
-  ``all_reduce_coalesced``, which on the local backend reads and writes ``param.grad``
-  through shared memory and so skips the two copies (in and out of the bucket). When the
-  bucket's last gradient is in, the hook starts that bucket's all-reduce while backward
-  goes on computing earlier layers.
-  Buckets are started strictly in index order, so every rank issues the same sequence of
-  collectives even if its hooks fire in a different order.
+  gradients into buckets of about ``bucket_cap_mb`` and reduces bucket by bucket, in
+  *reverse* registration order, because backward produces the last layers' gradients first
+  (``buckets.py``).
+* Hooks. An autograd hook on every parameter fires when its gradient has been accumulated
+  and marks it ready (copying it into its bucket slot if the reduction wants the flat
+  layout). When a bucket's last gradient is in, the bucket is started while backward goes
+  on computing earlier layers. Buckets are started strictly in index order, so every rank
+  issues the same sequence of collectives even if its hooks fire in a different order.
 * Overlap. A collective here is a sequence of blocking sends and receives, so "start" means
   "hand it to a communication thread", just as a torch ProcessGroup runs its work on worker
-  threads. At the end of backward (an autograd-engine callback) the Reducer waits for every
-  bucket and writes the averaged gradients back into ``param.grad``. Overlap hides
+  threads. At the end of backward (an autograd-engine callback) the scheduler waits for
+  every bucket, reduces the last one itself (nothing is left to overlap it with), calls the
+  reduction's ``finish`` and writes the results into ``param.grad``. Overlap hides
   communication only where it does not need the cores backward is using (on GPUs the copy
-  engines and the network do it); with as many ranks as cores, the thread's copies and
-  backward's arithmetic take turns, and overlap gains little.
+  engines and the network do it); with as many ranks as cores, it gains little.
 * Unused parameters. A parameter that got no gradient would keep its bucket from ever being
   ready. With ``find_unused_parameters=True`` the forward pass walks the autograd graph, and
   the parameters it does not reach count as ready (their slot holds their current gradient,
   or zeros); afterwards one small all-reduce says which were unused on *every* rank, and those
   keep their ``.grad`` untouched, as in PyTorch. Without it, a missing gradient is an error
   that names the parameters and the fix.
+* ``no_sync``. Whether a backward synchronizes is decided by the latest ``prepare(outputs,
+  sync)``, i.e. by the last forward. ``SyncSwitch.no_sync()`` exists once, here; DDP's
+  ``no_sync`` and the naive version use it. A pipeline stage that should synchronize only on
+  its last micro-batch runs every forward under ``no_sync()`` and re-arms right before the
+  last backward, as ``torch.distributed.pipelining`` does with ``prepare_for_backward``::
+
+      with ddp.no_sync():
+          outs = [ddp(x) for x in micro_batches]       # 1F1B interleaves these, too
+      ...backward of all but the last micro-batch...
+      ddp.scheduler.prepare(outs[-1], sync=True)        # this backward reduces the sum
+      outs[-1].backward(grad)
+
+A strategy plugs in a reduction, not a branch here::
+
+      scheduler = BucketScheduler(comm, named_params, cap_bytes, reduction=ShardedGradients())
 """
 
 from __future__ import annotations
@@ -39,14 +50,15 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from contextlib import contextmanager
 
 import torch
 from torch import nn
 
-from ...collectives import all_reduce, all_reduce_coalesced
-from .buckets import Bucket, allreduce_hook, assign_buckets  # noqa: F401 (re-exported)
-
-_COALESCE_DTYPES = (torch.float32, torch.float64)
+from ...collectives import all_reduce
+from .buckets import Bucket, assign_buckets
+from .graph import at_backward_end, reachable_params
+from .reductions import BucketReduction
 
 
 class CommThread:
@@ -76,17 +88,41 @@ class CommThread:
                 fut.set_exception(e)
 
 
-class Reducer:
-    """Buckets a module's gradients and averages them across ranks during backward.
+class SyncSwitch:
+    """``no_sync()``, the one implementation every data-parallel wrapper shares."""
 
-    ``DistributedDataParallel`` drives it: ``prepare(outputs, sync)`` after each forward pass,
-    then the autograd hooks and the end-of-backward callback do the rest."""
+    def __init__(self):
+        self.require_backward_grad_sync = True
+
+    def will_sync(self) -> bool:
+        """Will a backward of a forward run now reduce the gradients?"""
+        return torch.is_grad_enabled() and self.require_backward_grad_sync
+
+    @contextmanager
+    def no_sync(self):
+        """Skip the reduction for backward passes of forwards run inside the block: gradients
+        accumulate locally in ``.grad``, and the first synchronizing backward after it
+        reduces the accumulated sum (gradient accumulation at the cost of one all-reduce)."""
+        before, self.require_backward_grad_sync = self.require_backward_grad_sync, False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = before
+
+
+class BucketScheduler(SyncSwitch):
+    """Buckets a module's gradients and has ``reduction`` reduce them during backward.
+
+    The wrapper drives it: ``prepare(outputs, sync)`` after each forward pass, then the
+    autograd hooks and the end-of-backward callback do the rest. ``stats`` describes the
+    last synchronizing backward."""
 
     def __init__(self, comm, named_params: list[tuple[str, nn.Parameter]], cap_bytes: float,
-                 overlap: bool = True, find_unused: bool = False, as_view: bool = False,
-                 hook=None, algorithm: str = "auto"):
-        self.comm, self.overlap, self.find_unused = comm, overlap, find_unused
-        self.as_view, self.hook, self.algorithm = as_view, hook, algorithm
+                 reduction: BucketReduction, overlap: bool = True, find_unused: bool = False,
+                 as_view: bool = False):
+        super().__init__()
+        self.comm, self.overlap, self.find_unused, self.as_view = \
+            comm, overlap, find_unused, as_view
         self.names = [n for n, _ in named_params]
         self.params = [p for _, p in named_params]
         self.buckets = [Bucket(b, [self.params[i] for i in idx], [self.names[i] for i in idx],
@@ -99,8 +135,25 @@ class Reducer:
         self.stats: dict = {"comm_s": 0.0, "wait_s": 0.0, "buckets": len(self.buckets),
                             "pending_at_launch": []}
         self._reset()
+        self.reduction = reduction
         self._handles = [p.register_post_accumulate_grad_hook(
             lambda _p, i=i: self._on_grad(i)) for i, p in enumerate(self.params)]
+
+    @property
+    def reduction(self) -> BucketReduction:
+        """What reducing one bucket means; may be replaced between steps."""
+        return self._reduction
+
+    @reduction.setter
+    def reduction(self, reduction: BucketReduction) -> None:
+        if not isinstance(reduction, BucketReduction):
+            raise TypeError("reduction must be a BucketReduction (minidist.parallel.data."
+                            f"reductions), got {type(reduction).__name__}")
+        if self.armed:
+            raise RuntimeError("cannot change the bucket reduction during a backward pass")
+        self._reduction = reduction
+        for b in self.buckets:  # gradient views live in the buffer: always flat
+            b.flat = self.as_view or reduction.needs_flat(b)
 
     def _reset(self) -> None:
         self.ready = [False] * len(self.params)
@@ -132,7 +185,7 @@ class Reducer:
         """First hook of a synchronizing backward: schedule the finalizer, and count the
         parameters the forward pass did not reach as ready."""
         self.armed = True
-        torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
+        at_backward_end(self._finalize)
         for j in self.unused:
             self._mark_ready(j)
 
@@ -148,31 +201,11 @@ class Reducer:
                 "Run one forward per backward, or checkpoint with use_reentrant=False")
         self.ready[i] = True
         bucket, k = self.where[i]
-        self._copy_in(bucket, k)
+        if bucket.flat:
+            bucket.copy_in(k, self._reduction.divisor(self.comm, bucket), self.as_view)
         self.pending[bucket.index] -= 1
         if self.overlap and self.pending[bucket.index] == 0:
             self._launch_ready_buckets()
-
-    def _copy_in(self, bucket: Bucket, k: int) -> None:
-        """Put the gradient into its bucket slot. Without a comm hook, divide by the world
-        size on the way (as torch does), which saves a pass over the bucket: the all-reduce
-        then just sums."""
-        if self._in_place(bucket):  # the gradient stays in .grad: see _reduce_in_place
-            return
-        p, view = bucket.params[k], bucket.views[k]
-        divisor = self.comm.world_size if self.hook is None else 1
-        if p.grad is None:  # an unused parameter contributes zeros
-            view.zero_()
-        elif p.grad.data_ptr() == view.data_ptr():  # autograd accumulated into the slot
-            if divisor > 1:
-                view.div_(divisor)
-        else:
-            if divisor > 1:
-                torch.div(p.grad, divisor, out=view)
-            else:
-                view.copy_(p.grad)
-            if self.as_view:  # from now on autograd accumulates straight into the bucket
-                p.grad = view
 
     def _launch_ready_buckets(self) -> None:
         """Start every ready bucket, in index order only: bucket b+1 waits for bucket b, so
@@ -184,62 +217,23 @@ class Reducer:
             bucket = self.buckets[self.next_bucket]
             self.next_bucket += 1
             self.pending_at_launch.append(self.ready.count(False))
-            self.futures.append(self.thread.submit(lambda b=bucket: self._reduce(b)))
+            self.futures.append(self.thread.submit(lambda b=bucket: self._run(b)))
 
-    def _reduce(self, bucket: Bucket) -> float:
-        """Run the comm hook on one bucket (on the comm thread for buckets started during
-        backward)."""
+    def _run(self, bucket: Bucket) -> float:
+        """Reduce one bucket (on the comm thread for buckets started during backward);
+        returns the seconds it took."""
         start = time.perf_counter()
-        if self._in_place(bucket):
-            out = self._reduce_in_place(bucket)
-        elif self.hook is None:  # gradients were divided by the world size in _copy_in
-            out = all_reduce(self.comm, bucket.buffer, op="sum", algorithm=self.algorithm)
-        else:
-            out = self.hook(self.comm, bucket)
-        if out is not bucket.buffer:
-            if not isinstance(out, torch.Tensor) or out.shape != bucket.buffer.shape:
-                raise ValueError(
-                    f"the comm hook must return a tensor shaped like bucket.buffer "
-                    f"{tuple(bucket.buffer.shape)}, got "
-                    f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
-            bucket.buffer.copy_(out)
+        bucket.gather(set(self.unused))
+        self._reduction.reduce(self.comm, bucket)
         end = time.perf_counter()
         self.comm.timeline.record(f"bucket {bucket.index}", "collective", start, end,
                                   bucket.nbytes)
         return end - start
 
-    def _in_place(self, bucket: Bucket) -> bool:
-        """Reduce this bucket's gradients where they lie? Not with a comm hook (it gets the
-        flat buffer), nor with bucket views (already flat), nor for 16-bit gradients (their
-        sum could overflow: those are divided first, as torch does)."""
-        return (self.hook is None and not self.as_view
-                and bucket.buffer.dtype in _COALESCE_DTYPES)
-
-    def _reduce_in_place(self, bucket: Bucket) -> torch.Tensor:
-        """Average the bucket's gradients where they lie, as one coalesced all-reduce.
-
-        On a local-backend world communicator that goes through shared memory straight from
-        ``param.grad`` and back, skipping the copy into the bucket and the copy out of it
-        (two passes over every gradient, which cost as much as the reduction itself here);
-        elsewhere ``all_reduce_coalesced`` packs them into ``bucket.buffer`` as torch does.
-        A missing or unused gradient is reduced through a stand-in, written back at the end
-        unless no rank used the parameter."""
-        grads, unused = [], set(self.unused)
-        bucket.temps = {}
-        for k, (i, p) in enumerate(zip(bucket.members, bucket.params)):
-            g = p.grad
-            if g is None or i in unused or not g.is_contiguous():
-                g = torch.zeros_like(p) if g is None else g.contiguous().clone()
-                bucket.temps[k] = g
-            grads.append(g)
-        all_reduce_coalesced(self.comm, grads, op="avg", algorithm=self.algorithm,
-                             buffer=bucket.buffer)
-        return bucket.buffer
-
     # -- backward side: end of the pass -------------------------------------------------------
     def _finalize(self) -> None:
         """Runs when the autograd engine finishes the backward pass: wait for every bucket,
-        then write the averaged gradients into ``param.grad``."""
+        let the reduction finish, then write the results into ``param.grad``."""
         if not self.armed:  # the pass was already abandoned after an error
             return
         start = time.perf_counter()
@@ -250,8 +244,10 @@ class Reducer:
             comm_s = sum(f.result() for f in self.futures)  # the buckets started in backward
             rest = self.buckets[self.next_bucket:]  # all of them without overlap
             self.pending_at_launch += [0] * len(rest)
-            comm_s += sum(self._reduce(b) for b in rest)  # on this thread, after backward
-            self._copy_out(self._globally_unused() if self.find_unused else set())
+            comm_s += sum(self._run(b) for b in rest)  # on this thread, after backward
+            skip = self._globally_unused() if self.find_unused else set()
+            self._reduction.finish(self.comm, self.buckets)
+            self._write_back(skip)
         except BaseException:
             self._drain()
             raise
@@ -261,6 +257,12 @@ class Reducer:
         wait = time.perf_counter() - start
         self.stats.update(comm_s=comm_s, wait_s=wait, pending_at_launch=pending_at_launch)
         self.comm.timeline.record("wait for buckets", "wait", start, start + wait)
+
+    def _write_back(self, skip: set[int]) -> None:
+        for bucket in self.buckets:
+            if self._reduction.write_back:
+                bucket.write_back(skip, self.as_view)
+            bucket.temps = {}
 
     def _drain(self) -> None:
         """After an error, let the buckets already started finish (the other ranks run the
@@ -282,31 +284,6 @@ class Reducer:
         all_reduce(self.comm, flags, op="max")
         return {i for i, used in enumerate(flags.tolist()) if not used}
 
-    def _copy_out(self, skip: set[int]) -> None:
-        for bucket in self.buckets:
-            if self._in_place(bucket):
-                self._write_temps(bucket, skip)
-                continue
-            for i, p, view in zip(bucket.members, bucket.params, bucket.views):
-                if i in skip:
-                    continue
-                if p.grad is None:
-                    p.grad = view if self.as_view else view.clone()
-                elif p.grad.data_ptr() != view.data_ptr():
-                    p.grad.copy_(view)
-
-    @staticmethod
-    def _write_temps(bucket: Bucket, skip: set[int]) -> None:
-        for k, g in bucket.temps.items():
-            p = bucket.params[k]
-            if bucket.members[k] in skip:
-                continue
-            if p.grad is None:
-                p.grad = g.view_as(p)
-            else:
-                p.grad.copy_(g.view_as(p))
-        bucket.temps = {}
-
     def _missing_message(self, missing: list[int]) -> str:
         names = [self.names[i] for i in missing]
         shown = ", ".join(repr(n) for n in names[:8]) + (", ..." if len(names) > 8 else "")
@@ -316,31 +293,3 @@ class Reducer:
             "would wait forever. If some parameters take no part in the loss (in some steps "
             "or always), construct DistributedDataParallel(..., find_unused_parameters=True); "
             "if they are never used, set requires_grad=False on them or remove them.")
-
-
-def tensors_in(obj) -> list[torch.Tensor]:
-    """The tensors inside a forward pass's output (a tensor, or lists, tuples, dicts of them)."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [t for x in obj for t in tensors_in(x)]
-    if isinstance(obj, dict):
-        return [t for x in obj.values() for t in tensors_in(x)]
-    return []
-
-
-def reachable_params(outputs) -> set[int]:
-    """ids of the leaf tensors the autograd graph of ``outputs`` reaches: walk from each
-    output's ``grad_fn`` through ``next_functions``; an ``AccumulateGrad`` node is a leaf."""
-    found = {id(t) for t in tensors_in(outputs) if t.requires_grad and t.grad_fn is None}
-    stack = [t.grad_fn for t in tensors_in(outputs) if t.grad_fn is not None]
-    seen = set()
-    while stack:
-        fn = stack.pop()
-        if fn in seen:
-            continue
-        seen.add(fn)
-        if hasattr(fn, "variable"):
-            found.add(id(fn.variable))
-        stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
-    return found
