@@ -12,7 +12,7 @@
 See docs/architecture.md for the layers and where each thing lives.
 """
 
-from . import costmodel, models
+from . import costmodel, faults, models
 from .collectives import (
     ALL_REDUCE_ALGORITHMS,
     all_gather,
@@ -34,9 +34,11 @@ from .errors import (
     MinidistError,
     WorkerError,
 )
+from .faults import inject_delay, slow_rank
 from .launch import Results, init, launch
 from .parallel.data import DataParallelNaive, DistributedDataParallel, DistributedSampler
 from .trace import Timeline, plot_gantt, to_chrome_trace
+from .transports.network import Link, Network
 
 __version__ = "0.1.0"
 
@@ -49,4 +51,6 @@ __all__ = [
     "scatter",
     "DataParallelNaive", "DistributedDataParallel", "DistributedSampler",
     "costmodel", "models",
+    "faults", "inject_delay", "slow_rank",
+    "Link", "Network",
 ]

@@ -21,6 +21,8 @@ import multiprocess as mp
 from multiprocess.connection import wait as wait_any
 
 from ..errors import CommTimeout, WorkerCommTimeout, WorkerError
+from ..transports.emulated import PortClocks
+from ..transports.network import Network
 from .runtime import DEFAULT_TIMEOUT, WorldSpec, check_backend_device, connect
 
 
@@ -34,7 +36,7 @@ class Results(list):
 def launch(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
            backend: str = "local", device: str = "cpu", timeout: float = DEFAULT_TIMEOUT,
            start_method: str | None = None, threads: int | None = None,
-           trace: bool = False) -> Results:
+           trace: bool = False, network: Network | None = None) -> Results:
     """Run ``fn(comm, *args, **kwargs)`` on ``world_size`` ranks; return results by rank.
 
     ``timeout`` bounds every blocking communication call (``md.CommTimeout`` past it).
@@ -42,12 +44,15 @@ def launch(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
     (default for CUDA, which cannot survive a fork). ``threads`` is each rank's torch thread
     count: by default cores / ranks under spawn, and 1 under fork, because a child forked
     after the parent ran an OpenMP-parallel torch op hangs in its first parallel region.
+    ``network`` (an ``md.Network``, local backend only) makes every message take the time
+    its link would take on that network (``transports/emulated.py``).
     """
     world_size = _check_launch_args(fn, world_size, backend, device, timeout)
+    _check_network(network, backend, world_size)
     method = start_method or _default_start_method(device)
     threads = _thread_count(threads, method, world_size)
     ctx = mp.get_context(method)
-    spec, owned = _prepare_world(backend, world_size, device, timeout, trace, ctx)
+    spec, owned = _prepare_world(backend, world_size, device, timeout, trace, ctx, network)
     procs, conns, ok = [], [], False
     try:
         with _pickle_referenced_globals():
@@ -64,6 +69,8 @@ def launch(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
         return results
     finally:
         _teardown(procs, conns, owned, grace=1.0 if ok else 0.0)
+        if spec.ports is not None:
+            spec.ports.close()
 
 
 @contextmanager
@@ -93,6 +100,20 @@ def _check_launch_args(fn, world_size, backend, device, timeout) -> int:
     return world_size
 
 
+def _check_network(network, backend: str, world_size: int) -> None:
+    if network is None:
+        return
+    if not isinstance(network, Network):
+        raise TypeError(
+            f"network must be an md.Network, e.g. md.Network.uniform(md.Link(alpha=1e-5, "
+            f"bandwidth=1e9)), got {type(network).__name__}")
+    if backend != "local":
+        raise ValueError(
+            f"network= emulates links on top of the local backend's shared memory; it cannot "
+            f"be combined with backend={backend!r} (use backend='local')")
+    network.check_world(world_size)
+
+
 def _default_start_method(device: str) -> str:
     if str(device).startswith("cuda") or not sys.platform.startswith("linux"):
         return "spawn"
@@ -112,9 +133,10 @@ def _thread_count(threads: int | None, method: str, world_size: int) -> int:
     return threads
 
 
-def _prepare_world(backend, world_size, device, timeout, trace, ctx):
-    """Create what the ranks meet through: a shared segment, or (torch backend) a place
-    where rank 0 posts the port of the TCPStore it hosts.
+def _prepare_world(backend, world_size, device, timeout, trace, ctx, network=None):
+    """Create what the ranks meet through: a shared segment (and, with a network, the
+    shared clocks of every rank's ports), or (torch backend) a place where rank 0 posts the
+    port of the TCPStore it hosts.
 
     The store is not hosted here: its server thread would be running when the next ranks
     are forked, and a child forked while another thread holds a lock inherits the lock
@@ -122,6 +144,8 @@ def _prepare_world(backend, world_size, device, timeout, trace, ctx):
     """
     spec = WorldSpec(backend, world_size, device=str(device), timeout=float(timeout),
                      trace=trace)
+    if network is not None:
+        spec.network, spec.ports = network, PortClocks.create(ctx, world_size)
     if backend == "local":
         from ..transports.shm_segment import Segment
 

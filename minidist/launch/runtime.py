@@ -21,7 +21,9 @@ import torch
 from ..comm import Communicator
 from ..errors import CommTimeout
 from ..trace import Timeline
+from ..transports.emulated import EmulatedTransport, PortClocks
 from ..transports.local import LocalTransport
+from ..transports.network import Network
 from ..transports.shm_segment import Segment
 
 BACKENDS = ("local", "torch")
@@ -41,6 +43,8 @@ class WorldSpec:
     device: str = "cpu"
     timeout: float = DEFAULT_TIMEOUT
     trace: bool = False
+    network: Network | None = None  # md.launch(network=...): emulate its links
+    ports: PortClocks | None = None  # the network's shared port clocks (emulated.py)
 
 
 def check_backend_device(backend: str, device: str) -> None:
@@ -56,6 +60,8 @@ def connect(spec: WorldSpec, rank: int, local_rank: int | None = None) -> Commun
     device = _rank_device(spec.device, rank if local_rank is None else local_rank)
     if spec.backend == "local":
         transport = LocalTransport(Segment.attach(spec.shm_name), rank)
+        if spec.network is not None:
+            transport = EmulatedTransport(transport, spec.network, spec.ports)
     else:
         transport = _torch_transport(spec, rank, device)
     return Communicator(transport, tuple(range(spec.world_size)), rank, timeout=spec.timeout,
