@@ -41,12 +41,12 @@ class Request:
     for a receive) and ``test()`` says whether it is done without blocking."""
 
     def __init__(self, comm, raw, op: str, peer: int | None, tag: int, nbytes: int,
-                 unstage=None, count: bool = True):
+                 unstage=None, count: bool = True, start: float | None = None):
         self.comm, self.raw, self.op, self.peer, self.tag = comm, raw, op, peer, tag
         self.nbytes, self.unstage, self.count = nbytes, unstage, count
         self.is_recv = op == "irecv"
         self.record = count  # control traffic and sendrecv's halves stay off the timeline
-        self.start = time.perf_counter()
+        self.start = time.perf_counter() if start is None else start
         self.source: int | None = None
         self._finished = False
 
@@ -189,14 +189,14 @@ class Communicator:
         _check_tag(tag)
         if t.is_cuda and not self._transport.cuda_native:  # staged through host memory
             t = t.cpu()
-        n = tensors.nbytes(t)
+        n, start = tensors.nbytes(t), time.perf_counter()  # before the transport copies
         if count:
             self.stats.on_send(dst, n)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("rank %d -> %d: %s %s (%d bytes), tag %d", self.rank, dst,
                       str(t.dtype).replace("torch.", ""), tuple(t.shape), n, tag)
         raw = self._transport.isend(t, self._group[dst], ctx, tag, tensors.DTYPE_CODE[t.dtype])
-        return Request(self, raw, "isend", dst, tag, n, count=count)
+        return Request(self, raw, "isend", dst, tag, n, count=count, start=start)
 
     def _irecv(self, tensor, src: int, tag: int, ctx: int, count: bool) -> Request:
         t = tensors.as_tensor(tensor, "receive buffer")
