@@ -27,7 +27,8 @@ from .stats import CommStats
 ANY_SOURCE = -1
 UNDEFINED = None  # split(color=UNDEFINED) leaves the rank out, as MPI_UNDEFINED does
 # A communicator owns four contexts: ctx (user messages), ctx + 1 (control: barrier, split,
-# agreement checks; not counted), ctx + 2 (the collectives' payload, counted), ctx + 3 spare.
+# agreement checks; not counted), ctx + 2 (the collectives' payload, counted), ctx + 3 (the
+# acknowledgements of sends above the eager limit; not counted).
 # So no user message, whatever its tag, can match a collective's receive, or the reverse.
 _WORLD_CTX = 4
 _EMPTY = torch.empty(0, dtype=torch.uint8)
@@ -48,10 +49,14 @@ class Request:
         self.record = count  # control traffic and sendrecv's halves stay off the timeline
         self.start = time.perf_counter() if start is None else start
         self.source: int | None = None
+        self.ack = None  # a send above the eager limit waits for the receiver's acknowledgement
         self._finished = False
 
     def test(self) -> bool:
-        if not self._finished and self.comm._transport.test(self.raw):
+        tr = self.comm._transport
+        if self.comm.eager_limit is not None:
+            self.comm._flush_acks()
+        if not self._finished and tr.test(self.raw) and (self.ack is None or tr.test(self.ack)):
             self._finish()
         return self._finished
 
@@ -64,11 +69,38 @@ class Request:
             self.op = op
         if not self._finished:
             limit = self.comm.timeout if timeout is None else timeout
-            if not self.comm._transport.wait(self.raw, limit):
-                detail = self.comm._history(self.peer) if self.is_recv else ""
+            if self.comm.eager_limit is None:
+                done = self.comm._transport.wait(self.raw, limit)
+            else:
+                done = self._wait_acknowledging(limit)
+            if not done:
+                detail = self.comm._history(self.peer) if self.is_recv else self._rendezvous()
                 raise CommTimeout(self.op, self.peer, self.tag, limit, self.comm.rank, detail)
             self._finish()
         return self.source
+
+    def _wait_acknowledging(self, limit: float) -> bool:
+        """Wait in short slices, acknowledging every large message that has arrived in the
+        meantime, as an MPI progress engine does: a rank blocked here must not keep a sender
+        elsewhere waiting for its acknowledgement (that would deadlock a ring of sendrecvs)."""
+        comm, tr = self.comm, self.comm._transport
+        deadline = time.perf_counter() + limit
+        while True:
+            comm._flush_acks()
+            if tr.test(self.raw) and (self.ack is None or tr.test(self.ack)):
+                return True
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return False
+            tr.wait(self.ack if tr.test(self.raw) else self.raw, min(0.002, left))
+
+    def _rendezvous(self) -> str:
+        if self.ack is None:
+            return ""
+        return (f"(This send of {self.nbytes} bytes is above the eager limit of "
+                f"{self.comm.eager_limit} bytes, so it waits until rank {self.peer} receives "
+                "it, as MPI's standard-mode send does for large messages: post the receive "
+                "first, or use sendrecv / isend.)")
 
     def _finish(self) -> None:
         self._finished = True
@@ -76,6 +108,7 @@ class Request:
         if self.is_recv:
             self.source = comm._check_received(self)
             comm._note_received(self.source, self.tag, self.peer is None)
+            comm._acknowledge(self)
             if self.unstage is not None:
                 self.unstage()
             if self.count:
@@ -87,7 +120,16 @@ class Request:
 
 
 class Communicator:
-    """A group of ranks that exchange messages. Create one with ``md.launch`` or ``md.init``."""
+    """A group of ranks that exchange messages. Create one with ``md.launch`` or ``md.init``.
+
+    ``eager_limit`` (bytes, default None: every send is eager): a send of more bytes than
+    this completes only once the receiver has received it, as MPI's standard-mode send does
+    above its eager threshold (rendezvous). A program whose ranks all send before they
+    receive then deadlocks, as it would on a real cluster, instead of working by luck
+    because messages are buffered. Set it on every rank (``comm.eager_limit = 0``); split-off
+    communicators inherit it. The acknowledgement travels on its own context and is not
+    counted in ``stats``.
+    """
 
     def __init__(self, transport, group: tuple[int, ...], rank: int, ctx: int = _WORLD_CTX,
                  timeout: float = 60.0, device: torch.device | str = "cpu",
@@ -101,6 +143,8 @@ class Communicator:
         self.stats = CommStats(len(self._group))
         self.timeline = timeline if timeline is not None else Timeline(transport.rank)
         self._n_splits = 0
+        self.eager_limit: int | None = None  # see ``eager_limit`` in the class docstring
+        self._unacked: list[Request] = []  # posted receives whose sender awaits an ack
         self._received: dict[int, list] = {}  # source: [count, last tag, via ANY_SOURCE]
 
     # -- identity ---------------------------------------------------------------------------
@@ -196,7 +240,12 @@ class Communicator:
             log.debug("rank %d -> %d: %s %s (%d bytes), tag %d", self.rank, dst,
                       str(t.dtype).replace("torch.", ""), tuple(t.shape), n, tag)
         raw = self._transport.isend(t, self._group[dst], ctx, tag, tensors.DTYPE_CODE[t.dtype])
-        return Request(self, raw, "isend", dst, tag, n, count=count, start=start)
+        req = Request(self, raw, "isend", dst, tag, n, count=count, start=start)
+        if self._rendezvous(ctx, n):
+            self._check_rendezvous_backend()
+            req.ack = self._transport.irecv(_ACK, self._group[dst], self._ctx + 3,
+                                            _ack_tag(ctx - self._ctx, tag), _ACK_CODE)
+        return req
 
     def _irecv(self, tensor, src: int, tag: int, ctx: int, count: bool) -> Request:
         t = tensors.as_tensor(tensor, "receive buffer")
@@ -210,7 +259,12 @@ class Communicator:
         gsrc = self._group[src] if src != ANY_SOURCE else ANY_SOURCE
         raw = self._transport.irecv(target, gsrc, ctx, tag, tensors.DTYPE_CODE[t.dtype])
         peer = None if src == ANY_SOURCE else src
-        return Request(self, raw, "irecv", peer, tag, tensors.nbytes(t), unstage, count)
+        req = Request(self, raw, "irecv", peer, tag, tensors.nbytes(t), unstage, count)
+        req.ctx = ctx
+        if self._rendezvous(ctx, req.nbytes):
+            self._check_rendezvous_backend()
+            self._unacked.append(req)
+        return req
 
     def _check_received(self, req: Request) -> int:
         raw = req.raw
@@ -224,6 +278,35 @@ class Communicator:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("rank %d <- %d: %d bytes, tag %d", self.rank, source, raw.nbytes, req.tag)
         return source
+
+    def _rendezvous(self, ctx: int, nbytes: int) -> bool:
+        """Whether a message of ``nbytes`` on ``ctx`` is acknowledged (user and collective
+        traffic above the eager limit; never control traffic)."""
+        return (self.eager_limit is not None and nbytes > self.eager_limit
+                and ctx in (self._ctx, self._ctx + 2))
+
+    def _check_rendezvous_backend(self) -> None:
+        if self._transport.name == "torch":
+            raise ValueError("eager_limit works on the local backend and the emulated network; "
+                             "on the torch backend leave it None (gloo and NCCL apply their "
+                             "own eager and rendezvous protocols)")
+
+    def _flush_acks(self) -> None:
+        """Finish (and so acknowledge) every large receive that has arrived."""
+        for req in list(self._unacked):
+            if req._finished or req.raw.mismatch:  # a mismatch is reported by its own wait
+                self._unacked.remove(req)
+            elif self._transport.test(req.raw):
+                req._finish()
+
+    def _acknowledge(self, req: Request) -> None:
+        """The receiving side of a rendezvous: tell the sender its message has arrived.
+        Both sides know the size (a mismatched one is an error), so they agree on it."""
+        if req in self._unacked:
+            self._unacked.remove(req)
+        if not req.raw.mismatch and self._rendezvous(req.ctx, req.nbytes):
+            self._transport.isend(_ACK, self._group[req.source], self._ctx + 3,
+                                  _ack_tag(req.ctx - self._ctx, req.tag), _ACK_CODE)
 
     def _note_received(self, source: int, tag: int, via_any: bool) -> None:
         entry = self._received.setdefault(source, [0, tag, via_any])
@@ -284,9 +367,11 @@ class Communicator:
         members = sorted((k, r) for r, (c, k) in enumerate(table) if c == color)
         ranks = [r for _, r in members]
         ctx = _child_ctx(self._ctx, self._n_splits, color)
-        return Communicator(self._transport, tuple(self._group[r] for r in ranks),
-                            ranks.index(self.rank), ctx, self.timeout, self.device,
-                            self.timeline)
+        child = Communicator(self._transport, tuple(self._group[r] for r in ranks),
+                             ranks.index(self.rank), ctx, self.timeout, self.device,
+                             self.timeline)
+        child.eager_limit = self.eager_limit
+        return child
 
     def close(self) -> None:
         self._transport.close()
@@ -338,6 +423,16 @@ class Channel:
         for req in sends + recvs:
             req.wait(op=op)
         return [t.tolist() for t in out]
+
+
+_ACK = torch.empty(0, dtype=torch.uint8)
+_ACK_CODE = tensors.DTYPE_CODE[torch.uint8]
+
+
+def _ack_tag(kind: int, tag: int) -> int:
+    """The acknowledgement's tag on ctx + 3: the message's tag and which context it was on
+    (0 user, 2 collectives), so acknowledgements of the two never match each other."""
+    return 2 * tag + (kind // 2)
 
 
 def _check_tag(tag) -> None:
