@@ -107,9 +107,6 @@ def _strategies_rank(comm):
     with md.inject_delay(comm, SLOW, ranks=[0, 2], where="backward"):
         _step(naive)
     out["naive"] = comm.timeline.as_dicts()
-    comm.timeline.clear()  # the old DDP option goes through the same facility
-    _step(md.DistributedDataParallel(_model(), comm, straggler_rank=2, straggler_delay=SLOW))
-    out["legacy"] = comm.timeline.as_dicts()
     out["left"] = list(comm.faults.delays)
     return out
 
@@ -136,5 +133,4 @@ def test_delay_on_the_named_rank_at_the_named_point():
             else:  # after forward, before the backward computation
                 assert forward["end"] <= d["start"] and d["end"] <= backward["start"]
         assert len(delays(out["naive"])) == (1 if rank in (0, 2) else 0)
-        assert len(delays(out["legacy"])) == (1 if rank == 2 else 0)
         assert out["left"] == []

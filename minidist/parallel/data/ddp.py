@@ -25,12 +25,11 @@ parameters and buffers to all ranks, so that the replicas start identical.
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 
 import torch
 from torch import nn
 
-from ...faults import inject_delay, maybe_delay
+from ...faults import maybe_delay
 from .graph import at_backward_end, on_backward_start
 from .reductions import Average, BucketReduction, CommHook
 from .replicas import broadcast_tensors, check_args, sync_module_states
@@ -53,11 +52,9 @@ class DistributedDataParallel(nn.Module):
     ``reduction``: a ``BucketReduction`` (``reductions.py``) replacing the average
     altogether (not with ``comm_hook``).
 
-    ``straggler_rank``/``straggler_delay``: that rank sleeps ``straggler_delay`` seconds
-    before each forward, to study load imbalance. Kept for existing code; the general form,
-    which works for every strategy, at any of its points and for several ranks, is
-    ``with md.slow_rank(comm, rank=1, seconds=0.05): ...`` (``minidist/faults.py``), which is
-    also how this option is implemented.
+    To study load imbalance, slow a rank down around the training loop (every strategy
+    offers the same points): ``with md.slow_rank(comm, rank=1, seconds=0.05): ...``
+    (``minidist/faults.py``); DDP sleeps there at "forward" and "backward".
 
     Differences from torch's DDP, kept out for clarity: torch uses a 1 MiB first bucket and,
     after the first step, re-buckets in the order gradients actually arrived; here buckets
@@ -68,15 +65,12 @@ class DistributedDataParallel(nn.Module):
     def __init__(self, module: nn.Module, comm, bucket_cap_mb: float = 25, overlap: bool = True,
                  find_unused_parameters: bool = False, broadcast_buffers: bool = True,
                  gradient_as_bucket_view: bool = False, comm_hook=None, algorithm: str = "auto",
-                 straggler_rank: int | None = None, straggler_delay: float = 0.0,
                  reduction: BucketReduction | None = None):
         super().__init__()
         check_args(module, comm)
-        _check_options(comm, bucket_cap_mb, comm_hook, reduction, straggler_rank,
-                       straggler_delay)
+        _check_options(bucket_cap_mb, comm_hook, reduction)
         self.module, self.comm = module, comm
         self.broadcast_buffers = broadcast_buffers
-        self.straggler_rank, self.straggler_delay = straggler_rank, float(straggler_delay)
         sync_module_states(comm, module)
         if reduction is None:
             reduction = Average(algorithm) if comm_hook is None else CommHook(comm_hook)
@@ -86,8 +80,7 @@ class DistributedDataParallel(nn.Module):
                                          gradient_as_bucket_view)
 
     def forward(self, *args, **kwargs):
-        with self._legacy_straggler():
-            maybe_delay(self.comm, "forward")
+        maybe_delay(self.comm, "forward")
         sync = self.scheduler.will_sync()
         buffers = list(self.module.buffers())
         if sync and self.broadcast_buffers and buffers and self.comm.world_size > 1:
@@ -98,12 +91,6 @@ class DistributedDataParallel(nn.Module):
             self.scheduler.prepare(out, sync)
             on_backward_start(out, self._backward_started)
         return out
-
-    def _legacy_straggler(self):
-        if self.straggler_rank is None or self.straggler_delay <= 0:
-            return nullcontext()
-        return inject_delay(self.comm, self.straggler_delay, ranks=[self.straggler_rank],
-                            where="forward")
 
     def _backward_started(self) -> None:
         """At the start of backward: the ``"backward"`` fault point, and a ``backward`` span
@@ -162,8 +149,7 @@ class DistributedDataParallel(nn.Module):
         return dict(self.scheduler.stats)
 
 
-def _check_options(comm, bucket_cap_mb, comm_hook, reduction, straggler_rank,
-                   straggler_delay) -> None:
+def _check_options(bucket_cap_mb, comm_hook, reduction) -> None:
     if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) \
             or not bucket_cap_mb > 0:
         raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}")
@@ -175,9 +161,3 @@ def _check_options(comm, bucket_cap_mb, comm_hook, reduction, straggler_rank,
     if reduction is not None and comm_hook is not None:
         raise ValueError("pass comm_hook or reduction, not both (a comm hook is one kind of "
                          "reduction: CommHook(hook))")
-    if straggler_rank is not None and not (isinstance(straggler_rank, int)
-                                           and 0 <= straggler_rank < comm.world_size):
-        raise ValueError(f"straggler_rank must be a rank in 0..{comm.world_size - 1} or None, "
-                         f"got {straggler_rank!r}")
-    if not straggler_delay >= 0:
-        raise ValueError(f"straggler_delay must be >= 0 seconds, got {straggler_delay!r}")

@@ -299,11 +299,11 @@ def _timeline_rank(comm):
     out = {}
     for overlap in (True, False):
         model = Counter(comm.rank)
-        ddp = md.DistributedDataParallel(model, comm, bucket_cap_mb=TINY, overlap=overlap,
-                                         straggler_rank=1, straggler_delay=0.02)
+        ddp = md.DistributedDataParallel(model, comm, bucket_cap_mb=TINY, overlap=overlap)
         comm.timeline.clear()
-        for _ in range(2):
-            ddp(torch.randn(64, 8)).sum().backward()
+        with md.slow_rank(comm, rank=1, seconds=0.02):
+            for _ in range(2):
+                ddp(torch.randn(64, 8)).sum().backward()
         out[overlap] = (comm.timeline.as_dicts(), ddp.last_sync, model.seen)
     return out
 
@@ -413,10 +413,6 @@ def test_argument_errors():
         (lambda: md.DistributedDataParallel(nn.ReLU(), comm), ValueError, "requires a grad"),
         (lambda: md.DistributedDataParallel(model, comm, bucket_cap_mb=0), ValueError,
          "bucket_cap_mb must be a positive"),
-        (lambda: md.DistributedDataParallel(model, comm, straggler_rank=2), ValueError,
-         r"straggler_rank must be a rank in 0\.\.1"),
-        (lambda: md.DistributedDataParallel(model, comm, straggler_delay=-1), ValueError,
-         "straggler_delay"),
         (lambda: md.DistributedDataParallel(model, comm, comm_hook=3), TypeError,
          "comm_hook must be callable"),
         (lambda: md.DataParallelNaive(nn.ReLU(), comm), ValueError, "requires a grad"),
