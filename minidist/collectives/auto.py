@@ -51,12 +51,25 @@ def choose(comm, x: torch.Tensor, nbytes: int | None = None) -> str:
     ``"native"``, or the path of the cost table whose predicted time is least."""
     if _native_ok(comm, x):
         return "native"
-    p, table = comm.world_size, costs_table()
-    fit = table[min(table, key=lambda q: abs(math.log2(q / p)))]
+    p, fit = comm.world_size, _fit_for(comm)
     shm = shm_collectives.available(comm, x)
     nbytes = x.numel() * x.element_size() if nbytes is None else nbytes
     return min((a for a in fit if a != "shm" or shm),
                key=lambda a: costs.time(a, nbytes, p, *fit[a]))
+
+
+def _fit_for(comm) -> dict[str, tuple[float, float]]:
+    """(alpha, beta) per path: on an emulated network, its slowest link's own figures for
+    every message path (a described cluster is what the links say, not what this machine
+    measured); otherwise the fitted table of the nearest measured world size."""
+    net = comm.capability("network")
+    if net is not None:
+        links = [net.intra] if net.nodes == 1 else [net.intra, net.inter]
+        slowest = min(links, key=lambda k: k.bandwidth)
+        return {a: (slowest.alpha, slowest.bandwidth) for a in costs.ALL_REDUCE_PATHS
+                if a != "shm"}
+    p, table = comm.world_size, costs_table()
+    return table[min(table, key=lambda q: abs(math.log2(q / p)))]
 
 
 def costs_table() -> dict[int, dict[str, tuple[float, float]]]:

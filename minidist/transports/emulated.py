@@ -152,8 +152,9 @@ class EmulatedTransport:
         self._active: list = []  # local-transport requests that may still need progress
 
     def capability(self, name: str):
-        """None: the shared-memory fast paths would bypass the emulated links."""
-        return None
+        """``"network"``: the emulated ``Network`` (``auto`` predicts from its links). No
+        ``"shared_scratch"``: the shared-memory fast paths would bypass the links."""
+        return self.network if name == "network" else None
 
     def isend(self, t: torch.Tensor, dst: int, ctx: int, tag: int, code: int) -> _Send:
         sent, due = self._reserve(dst, t.numel() * t.element_size())

@@ -227,3 +227,25 @@ def test_a_receive_that_never_comes_times_out():
     net = md.Network.uniform(md.Link(alpha=1e-3, bandwidth=1e9))
     with pytest.raises(md.WorkerError, match=r"rank 0.*recv"):
         md.launch(_stuck, 2, network=net, timeout=0.5)
+
+
+def _auto_picks(comm, sizes):
+    from minidist.collectives.auto import choose
+
+    return [choose(comm, torch.empty(n // 4)) for n in sizes]
+
+
+def test_auto_predicts_from_the_emulated_links():
+    """On an emulated network, `auto` uses the links' alpha and bandwidth: a high-latency
+    link favours the fewest messages for small tensors and a bandwidth-optimal algorithm
+    for large ones, as costs.time predicts with the link's figures."""
+    from minidist.collectives import costs
+
+    link = md.Link(alpha=1e-3, bandwidth=1e8)
+    sizes = [64, 1 << 24]
+    picks = md.launch(_auto_picks, 4, args=(sizes,), network=md.Network.uniform(link))[0]
+    for n, pick in zip(sizes, picks):
+        best = min((a for a in costs.ALL_REDUCE_PATHS if a != "shm"),
+                   key=lambda a: costs.time(a, n, 4, link.alpha, link.bandwidth))
+        assert pick == best, (n, pick, best)
+    assert picks[0] != picks[1]
