@@ -19,6 +19,8 @@ a collective use a faster path without reaching into a transport's insides:
   counters and doorbells: the shared-memory all_reduce (``collectives/shared_memory.py``).
 * ``"process_group"``: the ``torch.distributed`` group of the whole world, for
   ``torch.distributed.all_reduce`` itself (``collectives/auto.py``).
+* ``"network"``: the emulated ``Network`` (``network.py``), so ``auto`` predicts each
+  algorithm's time from the described links rather than from this machine.
 """
 
 from __future__ import annotations
