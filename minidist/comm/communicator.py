@@ -75,6 +75,7 @@ class Request:
                 done = self._wait_acknowledging(limit)
             if not done:
                 detail = self.comm._history(self.peer) if self.is_recv else self._rendezvous()
+                detail = " ".join(filter(None, [detail, self.comm._numbering(self.peer)]))
                 raise CommTimeout(self.op, self.peer, self.tag, limit, self.comm.rank, detail)
             self._finish()
         return self.source
@@ -92,7 +93,10 @@ class Request:
             left = deadline - time.perf_counter()
             if left <= 0:
                 return False
-            tr.wait(self.ack if tr.test(self.raw) else self.raw, min(0.002, left))
+            # the receive may complete between the test above and this one: never wait on
+            # a missing acknowledgement (a receive, or a send below the eager limit)
+            pending = self.ack if self.ack is not None and tr.test(self.raw) else self.raw
+            tr.wait(pending, min(0.002, left))
 
     def _rendezvous(self) -> str:
         if self.ack is None:
@@ -324,6 +328,15 @@ class Communicator:
         how = "by a receive from ANY_SOURCE" if via_any else "by a receive naming it"
         return (f"(So far {count} message{'s' if count > 1 else ''} from rank {peer} arrived "
                 f"on this communicator; the last, on tag {tag}, was taken {how}.)")
+
+    def _numbering(self, peer: int | None) -> str:
+        """On a split communicator, errors use its own (local) ranks: say which world ranks
+        they are, since the launcher reports world ranks."""
+        if self.is_world:
+            return ""
+        theirs = "" if peer is None else f", its rank {peer} is world rank {self._group[peer]}"
+        return (f"(Ranks here are those of a split communicator of {self.world_size}: its rank "
+                f"{self.rank} is world rank {self._group[self.rank]}{theirs}.)")
 
     def _check_peer(self, peer, what: str) -> None:
         if isinstance(peer, bool) or not isinstance(peer, int):

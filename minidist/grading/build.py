@@ -104,7 +104,7 @@ def execute_in_place(path: pathlib.Path, timeout: float = 600.0) -> None:
     """Run a notebook top to bottom in a fresh kernel and save it with its outputs."""
     from nbclient import NotebookClient
 
-    from .notebook_grader import current_env_kernel
+    from .notebook_run import current_env_kernel
 
     nb = nbformat.read(str(path), as_version=4)
     NotebookClient(nb, km=current_env_kernel(), timeout=timeout, record_timing=False,

@@ -6,6 +6,7 @@ import json
 from typing import TYPE_CHECKING
 
 from .feedback import first_line
+from .kernel import TEST_TIME_LIMIT
 
 if TYPE_CHECKING:
     from .notebook_grader import Report
@@ -16,11 +17,16 @@ FEEDBACK_WIDTH = 100
 def add_arguments(parser) -> None:
     parser.add_argument("notebooks", nargs="+", metavar="NOTEBOOK", help="notebooks to grade")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    parser.add_argument("--timeout", type=float, default=120.0,
-                        help="seconds one cell may run before the notebook is stopped "
-                             "(default 120)")
+    parser.add_argument("--timeout", type=float, default=TEST_TIME_LIMIT,
+                        help="seconds one test may take before it is stopped and scores "
+                             f"zero (default {TEST_TIME_LIMIT:g})")
+    parser.add_argument("--execute", action="store_true",
+                        help="also run the notebook top to bottom in a fresh kernel and "
+                             "note the cells that raise (never part of the score)")
+    parser.add_argument("--cell-timeout", type=float, default=120.0,
+                        help="with --execute: seconds one cell may run (default 120)")
     parser.add_argument("--full", action="store_true",
-                        help="run benchmarks at full size (default: quick mode, as CI)")
+                        help="run at full size (default: quick mode, as CI)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="print the whole feedback of every failed test")
 
@@ -34,7 +40,8 @@ def main(args) -> int:
         return 2
     reports = []
     for path in args.notebooks:
-        report = grade_notebook(path, cell_timeout=args.timeout, quick=not args.full)
+        report = grade_notebook(path, timeout=args.timeout, quick=not args.full,
+                                execute=args.execute, cell_timeout=args.cell_timeout)
         print(format_report(report, verbose=args.verbose), end="\n\n", flush=True)
         reports.append(report)
     if len(reports) > 1:
@@ -55,8 +62,8 @@ def format_report(report: Report, verbose: bool = False) -> str:
         return f"{title}\n  not graded: {report.error}"
     rows = [("test", "points", "earned", "feedback")]
     for r in report.results:
-        rows.append((r["grade_id"], str(r["points"]), str(r["earned"]),
-                     _clip(first_line(r["feedback"]))))
+        gid = r["grade_id"] + (" (stretch)" if r.get("part") == "stretch" else "")
+        rows.append((gid, str(r["points"]), str(r["earned"]), _clip(first_line(r["feedback"]))))
     w = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = [title]
     for k, (gid, pts, got, fb) in enumerate(rows):
@@ -66,8 +73,9 @@ def format_report(report: Report, verbose: bool = False) -> str:
     lines.append(f"  total: {report.earned} / {report.points} points")
     lines += [f"  note: {n}" for n in report.notes]
     if verbose:
-        lines += [f"\n  {r['grade_id']}:\n    {r['feedback']}" for r in report.results
-                  if not r["passed"]]
+        indent = "\n    "
+        lines += [f"\n  {r['grade_id']}:{indent}{indent.join(r['feedback'].splitlines())}"
+                  for r in report.results if not r["passed"]]
     return "\n".join(lines)
 
 

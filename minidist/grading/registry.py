@@ -22,14 +22,19 @@ EXERCISES = {
 
 @dataclass(frozen=True)
 class GradedTest:
-    """One graded test. ``needs`` names what it takes from the notebook, in the order the
-    ``check`` takes them; by convention each name is also the ``grade_id`` of the solution
-    cell that defines it. ``check`` raises ``Mistake`` or returns (optionally a note)."""
+    """One graded test. ``needs`` names the learner's functions it takes from the notebook,
+    in the order a test cell passes them (``check("test_x", x)``); by convention each name is
+    also the ``grade_id`` of the solution cell that defines it. ``check(learner)`` runs in
+    the grader's process and reaches those functions only through ``learner`` (child
+    processes: ``learner.py``); it raises ``Mistake`` or returns a note. ``rules`` say what
+    is out of reach while it runs (``sandbox.py``); ``part`` is "core" or "stretch"."""
 
     grade_id: str
     points: int
     needs: tuple[str, ...]
     check: Callable[..., str | None]
+    rules: tuple[str, ...] = ()
+    part: str = "core"
 
 
 def stored_tests(exercise: str) -> dict[str, GradedTest]:

@@ -1,4 +1,6 @@
-"""The stored tests pass the worked solutions and name the mistake in wrong ones."""
+"""The stored tests as a notebook's test cells run them (``check``, on the kernel's own
+objects): the worked solutions pass, wrong answers get feedback that names the mistake, and
+the learner's code still runs only in child processes, under the test's rules."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import pytest
 import torch
 
 import minidist as md
-from minidist.grading.checks import harness
-from minidist.grading.kernel import evaluate
+from minidist.grading import learner
+from minidist.grading.feedback import Mistake
+from minidist.grading.kernel import checker
 from minidist.grading.registry import EXERCISES, stored_tests
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -30,22 +33,30 @@ def solution_namespace(name: str) -> dict:
 
 
 def feedback(exercise: str, grade_id: str, fn) -> str:
-    result = evaluate(stored_tests(exercise)[grade_id], [fn])
-    assert not result["passed"] and result["earned"] == 0, result
-    return result["feedback"]
+    with pytest.raises(Mistake) as info:
+        checker(exercise)(grade_id, fn)
+    return str(info.value)
 
 
 @pytest.fixture
 def quick_deadlocks(monkeypatch):
-    monkeypatch.setattr(harness, "COMM_TIMEOUT", 2.0)
+    monkeypatch.setattr(learner, "COMM_TIMEOUT", 2.0)
 
 
 @pytest.mark.parametrize("name", list(EXERCISES))
-def test_worked_solutions_pass_every_stored_test(name):
-    ns = solution_namespace(name)
+def test_worked_solutions_pass_every_stored_test(name, capsys):
+    ns, check = solution_namespace(name), checker(name)
     for test in stored_tests(name).values():
-        result = evaluate(test, [ns[n] for n in test.needs])
-        assert result["passed"] and result["earned"] == test.points, result
+        check(test.grade_id, *[ns[n] for n in test.needs])
+        assert f"{test.grade_id}: passed, {test.points}/{test.points} points" in \
+            capsys.readouterr().out
+
+
+def test_check_wants_what_the_test_needs():
+    with pytest.raises(TypeError, match="takes ring_shift"):
+        checker("00_getting_started")("test_ring_shift")
+    with pytest.raises(KeyError, match="no test 'test_nothing'"):
+        checker("00_getting_started")("test_nothing", print)
 
 
 # -- exercise 00 ----------------------------------------------------------------------------
@@ -59,7 +70,9 @@ def recv_first_shift(comm, t):
 def backwards_shift(comm, t):
     out = torch.empty_like(t)
     p = comm.world_size
-    comm.sendrecv(t, (comm.rank - 1) % p, out, (comm.rank + 1) % p)
+    req = comm.irecv(out, (comm.rank + 1) % p)
+    comm.send(t, (comm.rank - 1) % p)
+    req.wait()
     return out
 
 
@@ -86,8 +99,9 @@ def plain_least_squares(sizes, seconds):
 
 def test_feedback_for_exercise_00(quick_deadlocks):
     text = feedback("00_getting_started", "test_ring_shift", recv_first_shift)
-    assert "deadlock in ring_shift at `comm.recv(out, (comm.rank - 1) % comm.world_size)`" \
-        in text and "recv with rank 1" in text
+    assert text.startswith("deadlock in ring_shift at `comm.recv(out, (comm.rank - 1) % "
+                           "comm.world_size)` (world_size=2, n=1, dtype=float32): rank 0 waits "
+                           "in recv from rank 1; rank 1 waits in recv from rank 0"), text
     text = feedback("00_getting_started", "test_ring_shift", backwards_shift)
     assert "that is the tensor of rank 1" in text and "left neighbour" in text
     text = feedback("00_getting_started", "test_ping_pong", round_trip_ping_pong)
@@ -130,7 +144,8 @@ def test_feedback_for_exercise_01():
     text = feedback("01_collectives", "test_ring_reduce_scatter", wrong_owner_reduce_scatter)
     assert "rank 0: 4 of 4 values wrong" in text and "missing rank(s) [1]" in text
     text = feedback("01_collectives", "test_ring_all_reduce", library_all_reduce)
-    assert "md.all_reduce is off limits" in text
+    assert "minidist.collectives.api.all_reduce is not allowed in this exercise" in text
+    assert md.all_reduce.__code__.co_name == "all_reduce"  # only the child was changed
 
 
 # -- exercise 02 ----------------------------------------------------------------------------

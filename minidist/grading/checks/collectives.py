@@ -1,6 +1,7 @@
 """Tests of exercise 01: naive all_reduce, ring reduce-scatter, ring all-gather, ring
-all_reduce, on world sizes 1 to 5 and lengths that do not divide evenly, with the bytes
-each rank sent checked against the formulas."""
+all_reduce, on world sizes 1 to 5, lengths that do not divide evenly and 2-D tensors, with
+the bytes each rank sent checked against the formulas. minidist's and torch's collectives
+are out of reach while they run (``sandbox.COLLECTIVES``)."""
 
 from __future__ import annotations
 
@@ -8,85 +9,98 @@ import torch
 
 from ..feedback import Mistake, compare
 from ..registry import GradedTest
-from .harness import contributors, pattern, run_ranks, stats_of
+from ..sandbox import COLLECTIVES
+from .harness import contributors, pattern
 
 WORLD_SIZES = (1, 2, 3, 4, 5)
-CASES = [(7, torch.float32), (1000, torch.float64), (2, torch.int64), (1, torch.float32),
-         (0, torch.float32)]
-LIBRARY = ("all_reduce", "reduce_scatter", "all_gather", "reduce", "broadcast")
-HINTS = {"naive": "", "ring_all_reduce": "",
-         "reduce_scatter": ". Rank r must end with chunk r (chunks[comm.rank]) summed over "
-                           "all ranks: in step s send chunk (r - s - 1) % p, add into chunk "
-                           "(r - s - 2) % p",
-         "all_gather": ". Rank r starts with chunk r: in step s send chunk (r - s) % p and "
-                       "receive chunk (r - s - 1) % p"}
+CASES_1D = [(7, torch.float32), (1000, torch.float64), (2, torch.int64), (1, torch.float32),
+            (0, torch.float32)]
+CASES_2D = [((4, 3), torch.float32), ((3, 5), torch.float64)]
+HINTS = {
+    "naive": "", "ring_all_reduce": "",
+    "reduce_scatter": ". Follow one chunk around the ring: at each step a rank adds its own "
+                      "part to the partial sum it received and passes it on; after p-1 steps "
+                      "the sum ends on one rank, which must be the chunk's owner (chunk r on "
+                      "rank r): choose where each chunk starts so that it ends there",
+    "all_gather": ". Rank r starts with only its own chunk final; at each step pass on the "
+                  "chunk you received at the step before (first your own), so that after "
+                  "p-1 steps every chunk has gone round the ring",
+}
+KINDS = {  # kind: (function name, cases)
+    "naive": ("naive_all_reduce", CASES_1D + CASES_2D),
+    "reduce_scatter": ("ring_reduce_scatter", CASES_1D),
+    "all_gather": ("ring_all_gather", CASES_1D),
+    "ring_all_reduce": ("ring_all_reduce", CASES_1D + CASES_2D),
+}
 
 
-def _forbid_library_collectives() -> None:
-    """In this rank's process only: the exercise builds collectives from send and recv."""
-    import minidist
-
-    def forbidden(name):
-        def call(*args, **kwargs):
-            raise RuntimeError(f"md.{name} is off limits in this exercise: build it from "
-                               "comm.send/recv/isend/irecv/sendrecv")
-        return call
-
-    for name in LIBRARY:
-        setattr(minidist, name, forbidden(name))
-
-
-def _body(comm, fn, kind, cases):
-    _forbid_library_collectives()
-    p, out = comm.world_size, []
-    for n, dtype in cases:
-        t = pattern(comm.rank, n, dtype, p)
-        chunks = list(t.tensor_split(p))
-        if kind == "all_gather":
-            for j, c in enumerate(chunks):
-                if j != comm.rank:
-                    c.fill_(-1)  # not known yet: the all-gather must fill it
-        comm.stats.reset()
-        fn(comm, t if kind in ("naive", "ring_all_reduce") else chunks)
-        result = chunks[comm.rank] if kind == "reduce_scatter" else (
-            torch.cat(chunks) if kind == "all_gather" else t)
-        out.append((result.clone(), stats_of(comm)))
-    return out
+def _case(comm, namespace, kind, n, dtype):
+    p = comm.world_size
+    t = pattern(comm.rank, n, dtype, p)
+    chunks = list(t.tensor_split(p))
+    if kind == "all_gather":
+        for j, c in enumerate(chunks):
+            if j != comm.rank:
+                c.fill_(-1)  # not known yet: the all-gather must fill it
+    namespace[KINDS[kind][0]](comm, t if kind in ("naive", "ring_all_reduce") else chunks)
+    if kind == "reduce_scatter":
+        return chunks[comm.rank]
+    return torch.cat(chunks) if kind == "all_gather" else t
 
 
 def _expected(kind, rank, n, dtype, p):
     every = [pattern(r, n, dtype, p) for r in range(p)]
     if kind == "all_gather":
         return torch.cat([every[j].tensor_split(p)[j] for j in range(p)])
-    total = torch.stack(every).sum(0).to(dtype) if p else every[0]
+    total = torch.stack(every).sum(0).to(dtype)
     return total.tensor_split(p)[rank] if kind == "reduce_scatter" else total
 
 
-def _run_all(fn, kind, name, expected_bytes) -> None:
+def _label(p, n, dtype) -> str:
+    size = f"n={n}" if isinstance(n, int) else f"shape={tuple(n)}"
+    return f"world_size={p}, {size}, dtype={str(dtype)[6:]}"
+
+
+def _run_all(learner, kind, expected_bytes) -> None:
+    name, cases = KINDS[kind]
     for p in WORLD_SIZES:
-        ranks = run_ranks(_body, p, (fn, kind, CASES), name, f"world_size={p}")
-        for (n, dtype), results in zip(CASES, zip(*ranks)):
-            case = f"world_size={p}, n={n}, dtype={str(dtype)[6:]}"
-            sizes = [c.numel() * dtype.itemsize for c in torch.empty(n).tensor_split(p)]
-            for rank, (got, stats) in enumerate(results):
+        labels = [_label(p, n, dtype) for n, dtype in cases]
+        ranks = learner.run_ranks(_case, p, [(kind, n, d) for n, d in cases], name, labels)
+        for k, ((n, dtype), case) in enumerate(zip(cases, labels)):
+            numel = pattern(0, n, dtype, p).numel()
+            sizes = [c.numel() * dtype.itemsize for c in torch.empty(numel).tensor_split(p)]
+            for rank in range(p):
+                got, traffic = ranks[rank][k]["value"], ranks[rank][k]["traffic"]
                 want = _expected(kind, rank, n, dtype, p)
                 problem = compare(got, want, f"rank {rank}")
                 if problem:
-                    offset = sum(sizes[:rank]) // dtype.itemsize if kind == "reduce_scatter" \
-                        else 0
+                    offset = sum(sizes[:rank]) // dtype.itemsize \
+                        if kind == "reduce_scatter" else 0
                     raise Mistake(f"with {case}: {problem}"
-                                  f"{_whose(got, want, offset, p, kind)}{HINTS[kind]}")
-                expected_bytes(rank, p, n * dtype.itemsize, sizes, stats, case)
+                                  f"{_whose(got, want, offset, p)}{HINTS[kind]}")
+                expected_bytes(rank, p, numel * dtype.itemsize, sizes, traffic, case,
+                               _shape_hint(n, p))
 
 
-def _whose(got, want, offset, p, kind) -> str:
+def _shape_hint(n, p) -> str:
+    if isinstance(n, int):
+        return ""
+    return (f". t has shape {tuple(n)}: t.tensor_split(p) cuts its rows, and {n[0]} rows "
+            f"cannot be shared fairly by {p} ranks; cut the flattened tensor instead "
+            "(t.view(-1) is a view of t, and so are its chunks)")
+
+
+def _whose(got, want, offset, p) -> str:
     """Which ranks' data the first wrong value holds (the test data makes it decodable)."""
     if not (isinstance(got, torch.Tensor) and got.shape == want.shape):
         return ""
+    got, want = got.flatten(), want.flatten()
     wrong = (got.double() != want.double()).nonzero().flatten().tolist()
     if not wrong:
         return ""
     i = wrong[0]
+    if got[i].item() == -1 and want[i].item() != -1:  # the all-gather test's "unknown" fill
+        return f"; [{i}] was never written: that chunk never reached this rank"
     have = contributors(got[i].item(), offset + i, p)
     need = contributors(want[i].item(), offset + i, p)
     if have is None or need is None:
@@ -112,7 +126,7 @@ def _traffic(stats) -> str:
 
 
 # -- naive ----------------------------------------------------------------------------------
-def _naive_bytes(rank, p, nbytes, sizes, stats, case) -> None:
+def _naive_bytes(rank, p, nbytes, sizes, stats, case, shape_hint) -> None:
     want = (p - 1) * nbytes if rank == 0 else (nbytes if p > 1 else 0)
     ok = stats["bytes_sent"] == want and (rank == 0 or _only_to(stats, 0))
     if not ok:
@@ -122,15 +136,15 @@ def _naive_bytes(rank, p, nbytes, sizes, stats, case) -> None:
                       f"all_reduce rank {rank} {role}: {want} bytes")
 
 
-def check_naive_all_reduce(naive_all_reduce) -> str:
-    _run_all(naive_all_reduce, "naive", "naive_all_reduce", _naive_bytes)
-    return "right sums and traffic on world sizes 1 to 5, lengths 0 to 1000, 3 dtypes"
+def check_naive_all_reduce(learner) -> str:
+    _run_all(learner, "naive", _naive_bytes)
+    return "right sums and traffic on world sizes 1 to 5, lengths 0 to 1000, 2-D, 3 dtypes"
 
 
 # -- ring ---------------------------------------------------------------------------------
 def _ring_bytes(phase: str, skip: int):
     """Bytes check for a ring phase: rank r sends every chunk but chunk (r + skip) % p."""
-    def check(rank, p, nbytes, sizes, stats, case) -> None:
+    def check(rank, p, nbytes, sizes, stats, case, shape_hint) -> None:
         want = nbytes - sizes[(rank + skip) % p] if p > 1 else 0
         right = (rank + 1) % p
         if stats["bytes_sent"] > want or not _only_to(stats, right):
@@ -141,39 +155,42 @@ def _ring_bytes(phase: str, skip: int):
     return check
 
 
-def _all_reduce_bytes(rank, p, nbytes, sizes, stats, case) -> None:
+def _all_reduce_bytes(rank, p, nbytes, sizes, stats, case, shape_hint) -> None:
     want = 2 * nbytes - sizes[rank] - sizes[(rank + 1) % p] if p > 1 else 0
     right = (rank + 1) % p
     if stats["bytes_sent"] > want:
         raise Mistake(
             f"with {case}: rank {rank} sent {stats['bytes_sent']} bytes, more than the "
             f"2(p-1)/p·n = {want} bytes of a ring all_reduce (n = {nbytes} bytes): a "
-            "reduce-scatter then an all-gather, each sending one chunk per step")
+            "reduce-scatter then an all-gather, each sending one chunk per step, the chunks "
+            f"as equal as they can be{shape_hint}")
     if not _only_to(stats, right):
         raise Mistake(f"with {case}: rank {rank} sent {_traffic(stats)}; in a ring every "
                       f"rank sends only to its right neighbour, rank {right}")
 
 
-def check_ring_reduce_scatter(ring_reduce_scatter) -> str:
-    _run_all(ring_reduce_scatter, "reduce_scatter", "ring_reduce_scatter",
-             _ring_bytes("reduce-scatter", 0))
+def check_ring_reduce_scatter(learner) -> str:
+    _run_all(learner, "reduce_scatter", _ring_bytes("reduce-scatter", 0))
     return "chunk r summed on rank r, (p-1)/p·n bytes per rank, world sizes 1 to 5"
 
 
-def check_ring_all_gather(ring_all_gather) -> str:
-    _run_all(ring_all_gather, "all_gather", "ring_all_gather", _ring_bytes("all-gather", 1))
+def check_ring_all_gather(learner) -> str:
+    _run_all(learner, "all_gather", _ring_bytes("all-gather", 1))
     return "every chunk everywhere, (p-1)/p·n bytes per rank, world sizes 1 to 5"
 
 
-def check_ring_all_reduce(ring_all_reduce) -> str:
-    _run_all(ring_all_reduce, "ring_all_reduce", "ring_all_reduce", _all_reduce_bytes)
-    return "right sums with 2(p-1)/p·n bytes per rank on world sizes 1 to 5"
+def check_ring_all_reduce(learner) -> str:
+    _run_all(learner, "ring_all_reduce", _all_reduce_bytes)
+    return "right sums with 2(p-1)/p·n bytes per rank on world sizes 1 to 5, 1-D and 2-D"
 
 
 TESTS = [
-    GradedTest("test_naive_all_reduce", 2, ("naive_all_reduce",), check_naive_all_reduce),
+    GradedTest("test_naive_all_reduce", 2, ("naive_all_reduce",), check_naive_all_reduce,
+               (COLLECTIVES,)),
     GradedTest("test_ring_reduce_scatter", 3, ("ring_reduce_scatter",),
-               check_ring_reduce_scatter),
-    GradedTest("test_ring_all_gather", 2, ("ring_all_gather",), check_ring_all_gather),
-    GradedTest("test_ring_all_reduce", 3, ("ring_all_reduce",), check_ring_all_reduce),
+               check_ring_reduce_scatter, (COLLECTIVES,)),
+    GradedTest("test_ring_all_gather", 2, ("ring_all_gather",), check_ring_all_gather,
+               (COLLECTIVES,)),
+    GradedTest("test_ring_all_reduce", 3, ("ring_all_reduce",), check_ring_all_reduce,
+               (COLLECTIVES,)),
 ]

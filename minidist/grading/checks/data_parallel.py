@@ -15,25 +15,31 @@ from torch.utils.data import DistributedSampler
 from ...parallel.data.buckets import assign_buckets
 from ..feedback import Mistake
 from ..registry import GradedTest
-from .harness import run_ranks
+from ..sandbox import BUCKETS, DATA_PARALLEL, SAMPLER
 
 # -- the sampler's shards ---------------------------------------------------------------------
 SHARD_CASES = [(10, 3, False, 0, 0), (12, 4, False, 0, 0), (10, 3, True, 0, 0),
                (10, 3, True, 0, 1), (17, 4, True, 42, 5), (2, 4, True, 7, 0),
-               (1, 1, True, 0, 0), (100, 8, True, 3, 2)]
+               (1, 1, True, 0, 0), (100, 8, True, 3, 2), (2, 5, True, 1, 0),
+               (3, 8, False, 0, 0)]
 
 
-def check_shard_indices(shard_indices) -> str:
+def check_shard_indices(learner) -> str:
+    calls, labels = [], []
     for n, p, shuffle, seed, epoch in SHARD_CASES:
         case = f"n={n}, world_size={p}, shuffle={shuffle}, seed={seed}, epoch={epoch}"
-        got = [_as_list(shard_indices(n, r, p, shuffle, seed, epoch), r, case)
-               for r in range(p)]
+        calls += [(n, r, p, shuffle, seed, epoch) for r in range(p)]
+        labels += [case] * p
+    results = iter(learner.call_each("shard_indices", calls, labels))
+    for n, p, shuffle, seed, epoch in SHARD_CASES:
+        case = f"n={n}, world_size={p}, shuffle={shuffle}, seed={seed}, epoch={epoch}"
+        got = [_as_list(next(results), r, case) for r in range(p)]
         want = [list(_torch_sampler(n, r, p, shuffle, seed, epoch)) for r in range(p)]
         for r in range(p):
             if got[r] != want[r]:
                 raise Mistake(f"with {case}: rank {r} got {_short(got[r])}, expected "
                               f"{_short(want[r])} (torch's DistributedSampler); "
-                              f"{_shard_hint(got, want, n, p, shuffle)}")
+                              f"{_shard_hint(got, want, n, p, (shuffle, seed, epoch))}")
     return f"the same shards as torch's DistributedSampler in {len(SHARD_CASES)} cases"
 
 
@@ -45,21 +51,31 @@ def _torch_sampler(n, rank, p, shuffle, seed, epoch):
 
 
 def _as_list(result, rank, case) -> list[int]:
-    try:
+    """The indices as a list of ints: from a list, a tuple or a tensor (the same answer)."""
+    if isinstance(result, torch.Tensor):
+        result = result.flatten().tolist()
+    if isinstance(result, (list, tuple)) and all(
+            isinstance(i, int) or isinstance(i, float) and i.is_integer() for i in result):
         return [int(i) for i in result]
-    except TypeError:
-        raise Mistake(f"with {case}: rank {rank}: shard_indices returned "
-                      f"{type(result).__name__}, expected a list of ints") from None
+    raise Mistake(f"with {case}: rank {rank}: shard_indices returned {result!r:.80}, "
+                  "expected a list of ints")
 
 
 def _short(xs, limit=10) -> str:
     return str(xs) if len(xs) <= limit else str(xs[:limit])[:-1] + f", ... ({len(xs)} items)]"
 
 
-def _shard_hint(got, want, n, p, shuffle) -> str:
+def _shard_hint(got, want, n, p, order) -> str:
+    shuffle, seed, epoch = order
     if any(len(g) != len(want[0]) for g in got):
+        short = " (when more padding is needed than n, repeat the list more than once)" \
+            if p * len(want[0]) - n > n else ""
         return (f"every rank gets ceil(n / world_size) = {len(want[0])} indices: pad the list "
-                "by repeating it from the start until its length divides by world_size")
+                f"by repeating it from the start until its length divides by world_size{short}")
+    if shuffle and epoch and got == [list(_torch_sampler(n, r, p, True, seed, 0))
+                                     for r in range(p)]:
+        return ("these are the shards of epoch 0: the order must change every epoch, the "
+                "same on every rank: seed the generator with seed + epoch")
     if sorted(sum(got, [])) == sorted(sum(want, [])):
         return ("the right indices, split the wrong way: rank r takes every world_size-th "
                 "index starting at r (indices[rank::world_size])")
@@ -92,6 +108,20 @@ def _grads(model, x, y) -> dict:
     return {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
 
 
+def _average_case(comm, namespace):
+    return _average_body(comm, namespace["average_gradients"])
+
+
+def _grad_pair(value, full) -> tuple[dict, dict]:
+    """(gradients before, after) as the rank returned them, checked to be what the
+    rank's own test code sends (two dicts of parameter name to tensor or None)."""
+    if not (isinstance(value, (list, tuple)) and len(value) == 2 and
+            all(isinstance(d, dict) and set(d) == set(full) for d in value)):
+        raise Mistake("the ranks' gradients did not come back (did average_gradients replace "
+                      "the model's parameters?)")
+    return value[0], value[1]
+
+
 def _average_body(comm, average_gradients):
     model, (x, y) = _model(), _batch()
     shard = slice(comm.rank * BATCH // comm.world_size, (comm.rank + 1) * BATCH // comm.world_size)
@@ -101,13 +131,14 @@ def _average_body(comm, average_gradients):
     return local, after
 
 
-def check_average_gradients(average_gradients) -> str:
+def check_average_gradients(learner) -> str:
+    runs = {p: learner.run_ranks(_average_case, p, [()], "average_gradients",
+                                 [f"world_size={p}"]) for p in (1, 2, 3, 4)}
     model, (x, y) = _model(), _batch()
-    full = _grads(model, x, y)
-    for p in (1, 2, 3, 4):
-        ranks = run_ranks(_average_body, p, (average_gradients,), "average_gradients",
-                          f"world_size={p}")
-        for rank, (local, after) in enumerate(ranks):
+    full = _grads(model, x, y)  # the oracle, computed once the learner's code has run
+    for p, ranks in runs.items():
+        for rank, results in enumerate(ranks):
+            local, after = _grad_pair(results[0]["value"], full)
             for name, want in full.items():
                 _check_grad(after[name], want, local[name], name, rank, p)
     return ("every rank ends with the full-batch gradient on world sizes 1 to 4 "
@@ -123,6 +154,9 @@ def _check_grad(got, want, local, name, rank, p) -> None:
         return
     if got is None:
         raise Mistake(f"{where}: .grad is None after average_gradients; average it in place")
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        raise Mistake(f"{where}: .grad is {got!r:.80} after average_gradients, expected a "
+                      f"tensor of shape {tuple(want.shape)}")
     if torch.allclose(got, want, rtol=1e-9, atol=1e-12):
         return
     if p > 1 and torch.allclose(got, want * p, rtol=1e-9, atol=1e-12):
@@ -143,22 +177,35 @@ BUCKET_CASES = [  # (parameter sizes in bytes, cap in bytes)
 ]
 
 
-def check_assign_buckets(assign_buckets_fn) -> str:
-    for sizes, cap in BUCKET_CASES:
-        case = f"parameter sizes {sizes} bytes and cap {cap} bytes"
-        got = assign_buckets_fn(list(sizes), cap)
+def check_assign_buckets(learner) -> str:
+    labels = [f"parameter sizes {sizes} bytes and cap {cap} bytes" for sizes, cap in BUCKET_CASES]
+    results = learner.call_each("assign_buckets", [(list(s), c) for s, c in BUCKET_CASES],
+                                labels)
+    for (sizes, cap), case, got in zip(BUCKET_CASES, labels, results):
         want = assign_buckets([torch.empty(s, dtype=torch.uint8) for s in sizes], cap)
-        if not isinstance(got, list) or [list(map(int, b)) for b in got] != want:
-            raise Mistake(f"with {case}: got {got!r}, expected {want}; "
+        if _buckets(got) != want:
+            raise Mistake(f"with {case}: got {got!r:.200}, expected {want}; "
                           f"{_bucket_hint(got, want, sizes, cap)}")
     return f"the buckets of md.DistributedDataParallel in {len(BUCKET_CASES)} cases"
 
 
-def _bucket_hint(got, want, sizes, cap) -> str:
+def _buckets(got) -> list[list[int]] | None:
+    """A list of lists of ints from any sequences of sequences of integers (tuples,
+    tensors): the same answer in another container."""
     try:
-        flat = [int(i) for b in got for i in b]
+        if isinstance(got, torch.Tensor) or not isinstance(got, (list, tuple)):
+            return None
+        out = [b.tolist() if isinstance(b, torch.Tensor) else list(b) for b in got]
+        return out if all(isinstance(i, int) for b in out for i in b) else None
     except TypeError:
+        return None
+
+
+def _bucket_hint(got, want, sizes, cap) -> str:
+    buckets = _buckets(got)
+    if buckets is None:
         return "return a list of buckets, each a list of parameter indices"
+    flat = [i for b in buckets for i in b]
     if sorted(flat) != list(range(len(sizes))):
         return "every parameter index must be in exactly one bucket"
     if flat != list(range(len(sizes)))[::-1]:
@@ -170,7 +217,9 @@ def _bucket_hint(got, want, sizes, cap) -> str:
 
 
 TESTS = [
-    GradedTest("test_shard_indices", 2, ("shard_indices",), check_shard_indices),
-    GradedTest("test_average_gradients", 3, ("average_gradients",), check_average_gradients),
-    GradedTest("test_assign_buckets", 3, ("assign_buckets",), check_assign_buckets),
+    GradedTest("test_shard_indices", 2, ("shard_indices",), check_shard_indices, (SAMPLER,)),
+    GradedTest("test_average_gradients", 3, ("average_gradients",), check_average_gradients,
+               (DATA_PARALLEL,)),
+    GradedTest("test_assign_buckets", 3, ("assign_buckets",), check_assign_buckets,
+               (BUCKETS,)),
 ]

@@ -8,29 +8,30 @@ import torch
 
 from ..feedback import Mistake, compare
 from ..registry import GradedTest
-from .harness import pattern, run_ranks, stats_of
+from ..sandbox import COLLECTIVES, FIT, SENDRECV
+from .harness import pattern, traffic_text
 
-RING_CASES = [(1, torch.float32), (5, torch.int64), (1000, torch.float64), (0, torch.float32)]
-
-
-def _ring_shift_body(comm, ring_shift, cases):
-    out = []
-    for n, dtype in cases:
-        comm.stats.reset()
-        got = ring_shift(comm, pattern(comm.rank, n, dtype, comm.world_size))
-        out.append((got, stats_of(comm)))
-    return out
+RING_CASES = [(1, torch.float32), (5, torch.int64), (1000, torch.float64), (0, torch.float32),
+              ((3, 4), torch.float32)]
 
 
-def check_ring_shift(ring_shift) -> str:
+def _label(p, n, dtype) -> str:
+    return f"world_size={p}, n={n}, dtype={str(dtype)[6:]}"
+
+
+def _shift_case(comm, namespace, n, dtype):
+    return namespace["ring_shift"](comm, pattern(comm.rank, n, dtype, comm.world_size))
+
+
+def check_ring_shift(learner) -> str:
     for p in (2, 3, 5):
-        ranks = run_ranks(_ring_shift_body, p, (ring_shift, RING_CASES), "ring_shift",
-                          f"world_size={p}")
-        for (n, dtype), results in zip(RING_CASES, zip(*ranks)):
-            case = f"world_size={p}, n={n}, dtype={str(dtype)[6:]}"
-            for rank, (got, stats) in enumerate(results):
-                _check_shifted(rank, p, n, dtype, got, case)
-                _check_one_message(rank, p, n * dtype.itemsize, stats, case)
+        labels = [_label(p, n, dtype) for n, dtype in RING_CASES]
+        ranks = learner.run_ranks(_shift_case, p, RING_CASES, "ring_shift", labels)
+        for k, ((n, dtype), label) in enumerate(zip(RING_CASES, labels)):
+            nbytes = pattern(0, n, dtype, p).numel() * dtype.itemsize
+            for rank in range(p):
+                _check_shifted(rank, p, n, dtype, ranks[rank][k]["value"], label)
+                _check_one_message(rank, p, nbytes, ranks[rank][k]["traffic"], label)
     return "right on world sizes 2, 3, 5 with 0 to 1000 elements, one message per rank"
 
 
@@ -39,25 +40,19 @@ def _check_shifted(rank, p, n, dtype, got, case) -> None:
     problem = compare(got, pattern(left, n, dtype, p), f"rank {rank}")
     if problem is None:
         return
-    whose = [r for r in range(p) if isinstance(got, torch.Tensor) and n > 0
+    whose = [r for r in range(p) if isinstance(got, torch.Tensor) and got.numel() > 0
              and compare(got, pattern(r, n, dtype, p), "") is None]
     hint = (f"; that is the tensor of rank {whose[0]}, but rank {rank} should end with the one "
             f"of its left neighbour, rank {left} = (rank - 1) % world_size" if whose else "")
     raise Mistake(f"with {case}: {problem}{hint}")
 
 
-def _check_one_message(rank, p, nbytes, stats, case) -> None:
+def _check_one_message(rank, p, nbytes, traffic, case) -> None:
     right = (rank + 1) % p
-    if stats["messages_to"] != {right: 1} or stats["bytes_sent"] != nbytes:
-        raise Mistake(f"with {case}: rank {rank} sent {_traffic(stats)}; a ring shift sends "
-                      f"one message of {nbytes} bytes, to the right neighbour rank {right}")
-
-
-def _traffic(stats) -> str:
-    if not stats["messages_to"]:
-        return "nothing"
-    return ", ".join(f"{m} message(s), {stats['sent_to'][p]} bytes to rank {p}"
-                     for p, m in sorted(stats["messages_to"].items()))
+    if traffic["messages_to"] != {right: 1} or traffic["bytes_sent"] != nbytes:
+        raise Mistake(f"with {case}: rank {rank} sent {traffic_text(traffic)}; a ring shift "
+                      f"sends one message of {nbytes} bytes, to the right neighbour rank "
+                      f"{right}")
 
 
 # -- ping-pong --------------------------------------------------------------------------------
@@ -84,46 +79,76 @@ class _SlowLink:
         return self._comm.sendrecv(*args, **kwargs)
 
 
-def _ping_pong_body(comm, ping_pong, nbytes, iters, delay):
+LATE = 1.0  # seconds rank 1 starts after rank 0 in the barrier case
+PONG_CASES = [  # world size: (nbytes, iters, added latency per send, rank 1 starts late by)
+    (2, [(1, 5, 0.0, 0.0), (1 << 20, 3, 0.0, 0.0), (1000, 5, 0.04, 0.0), (1000, 5, 0.0, LATE)]),
+    (3, [(1000, 4, 0.0, 0.0)]),
+]
+
+
+def _pong_case(comm, namespace, nbytes, iters, delay, late):
     link = _SlowLink(comm, delay) if delay else comm
-    result = ping_pong(link, nbytes, iters)
-    if comm.rank == 0:
-        result = float(result) if isinstance(result, (int, float, torch.Tensor)) else result
-    else:
-        result = None
-    return result, stats_of(comm)
+    if late and comm.rank == 1:
+        time.sleep(late)
+    result = namespace["ping_pong"](link, nbytes, iters)
+    return result if comm.rank == 0 else None
 
 
-def check_ping_pong(ping_pong) -> str:
-    for p, nbytes, iters in ((2, 1, 5), (2, 1 << 20, 3), (3, 1000, 4)):
-        case = f"world_size={p}, nbytes={nbytes}, iters={iters}"
-        ranks = run_ranks(_ping_pong_body, p, (ping_pong, nbytes, iters, 0.0), "ping_pong", case)
-        _check_pong_traffic(ranks, nbytes, iters, case)
-        _check_seconds(ranks[0][0], case)
-    delay, iters = 0.04, 3
-    case = f"a link that adds {delay * 1e3:g} ms to every send, iters={iters}"
-    ranks = run_ranks(_ping_pong_body, 2, (ping_pong, 1000, iters, delay), "ping_pong", case)
-    _check_timing(ranks[0][0], delay, iters, case)
-    return ("right traffic on world sizes 2 and 3, and the one-way time of a link with "
-            f"{delay * 1e3:g} ms latency measured as {ranks[0][0] * 1e3:.1f} ms")
+def _pong_label(p, nbytes, iters, delay, late) -> str:
+    if delay:
+        return f"a link that adds {delay * 1e3:g} ms to every send, iters={iters}"
+    if late:
+        return f"rank 1 starting {late:g} s after rank 0, nbytes={nbytes}, iters={iters}"
+    return f"world_size={p}, nbytes={nbytes}, iters={iters}"
 
 
-def _check_pong_traffic(ranks, nbytes, iters, case) -> None:
-    for rank, (_, stats) in enumerate(ranks):
+def check_ping_pong(learner) -> str:
+    measured = None
+    for p, cases in PONG_CASES:
+        labels = [_pong_label(p, *c) for c in cases]
+        ranks = learner.run_ranks(_pong_case, p, cases, "ping_pong", labels)
+        for k, ((nbytes, iters, delay, late), label) in enumerate(zip(cases, labels)):
+            _check_pong_traffic([r[k]["traffic"] for r in ranks], nbytes, iters, label)
+            seconds = _check_seconds(ranks[0][k]["value"], label)
+            if delay:
+                _check_timing(seconds, delay, iters, label)
+                measured = seconds
+            if late:
+                _check_started_together(seconds, late, iters, label)
+    return ("right traffic on world sizes 2 and 3, the clock started once both ranks are "
+            f"ready, and a link with 40 ms latency measured as {measured * 1e3:.1f} ms")
+
+
+def _check_pong_traffic(traffics, nbytes, iters, case) -> None:
+    for rank, traffic in enumerate(traffics):
         want = {1 - rank: iters} if rank < 2 else {}
-        if stats["messages_to"] != want or stats["bytes_sent"] != nbytes * iters * (rank < 2):
+        if traffic["messages_to"] != want or \
+                traffic["bytes_sent"] != nbytes * iters * (rank < 2):
             expect = (f"{iters} messages of {nbytes} bytes to rank {1 - rank}" if rank < 2
                       else "nothing (only ranks 0 and 1 play)")
-            raise Mistake(f"with {case}: rank {rank} sent {_traffic(stats)}; expected {expect}."
-                          " A message of nbytes bytes is torch.empty(nbytes, dtype=torch.uint8)")
+            raise Mistake(f"with {case}: rank {rank} sent {traffic_text(traffic)}; expected "
+                          f"{expect}. A message of nbytes bytes is "
+                          "torch.empty(nbytes, dtype=torch.uint8)")
 
 
-def _check_seconds(result, case) -> None:
-    if not isinstance(result, float):
-        raise Mistake(f"with {case}: rank 0 returned {type(result).__name__}, expected the "
-                      "one-way time in seconds (a float)")
+def _check_seconds(result, case) -> float:
+    if isinstance(result, torch.Tensor) and result.numel() == 1:
+        result = result.item()
+    if isinstance(result, bool) or not isinstance(result, (int, float)):
+        raise Mistake(f"with {case}: rank 0 returned {result!r}, expected the one-way time in "
+                      "seconds (a float)")
     if not result > 0:
         raise Mistake(f"with {case}: rank 0 returned {result}, but a time must be positive")
+    return float(result)
+
+
+def _check_started_together(seconds, late, iters, case) -> None:
+    if seconds <= 0.3 * late / (2 * iters):
+        return
+    raise Mistake(f"with {case}: ping_pong reported {seconds * 1e3:.1f} ms one way, but the "
+                  f"messages take far less: the clock ran while rank 0 waited for rank 1 to "
+                  "start. Start timing once both ranks are ready: call comm.barrier() on every "
+                  "rank first")
 
 
 def _check_timing(seconds, delay, iters, case) -> None:
@@ -132,8 +157,10 @@ def _check_timing(seconds, delay, iters, case) -> None:
     ratio = seconds / delay
     if 1.7 <= ratio <= 2.6:
         hint = "that is the round trip: one-way time is half of it"
-    elif ratio >= 1.7 * iters:
-        hint = f"that looks like the total of all {iters} round trips: divide by iters too"
+    elif 0.8 * iters <= ratio <= 1.3 * iters:
+        hint = f"that is the time of all {iters} round trips, halved: divide by iters too"
+    elif 1.7 * iters <= ratio <= 2.6 * iters:
+        hint = f"that is the total of all {iters} round trips: divide by 2 * iters"
     elif ratio < 0.85:
         hint = "too short: time the whole loop, from before the first send to after the last recv"
     else:
@@ -150,16 +177,21 @@ FIT_CASES = [  # (alpha seconds, beta bytes/s, sizes)
 ]
 
 
-def check_fit_alpha_beta(fit_alpha_beta) -> str:
-    for alpha, beta, sizes in FIT_CASES:
-        seconds = [alpha + n / beta for n in sizes]
-        case = f"sizes {sizes} and exact times t = {alpha:g} + n / {beta:g}"
-        a, b = _fit(fit_alpha_beta, sizes, seconds, case)
+def check_fit_alpha_beta(learner) -> str:
+    calls = [(list(sizes), [alpha + n / beta for n in sizes]) for alpha, beta, sizes in FIT_CASES]
+    labels = [f"sizes {sizes} and exact times t = {alpha:g} + n / {beta:g}"
+              for alpha, beta, sizes in FIT_CASES]
+    noisy_alpha, noisy_beta, noisy_sizes, noisy_seconds = _noisy_sweep()
+    calls.append((noisy_sizes, noisy_seconds))
+    labels.append("a noisy sweep")
+    results = learner.call_each("fit_alpha_beta", calls, labels)
+    for (alpha, beta, _), case, got in zip(FIT_CASES, labels, results):
+        a, b = _fit(got, case)
         if abs(a - alpha) > 1e-3 * alpha or abs(b - beta) > 1e-3 * beta:
             raise Mistake(f"with {case}: got alpha={a:g}, beta={b:g}, expected alpha={alpha:g} s"
                           f", beta={beta:g} bytes/s; {_fit_hint(a, b, alpha, beta)}")
-    alpha, beta, sizes, seconds = _noisy_sweep()
-    a, b = _fit(fit_alpha_beta, sizes, seconds, "a noisy sweep")
+    alpha, beta = noisy_alpha, noisy_beta
+    a, b = _fit(results[-1], "a noisy sweep")
     if not (abs(a - alpha) <= 0.25 * alpha and abs(b - beta) <= 0.1 * beta):
         raise Mistake(
             f"with a sweep from 8 B to 128 MiB measured with 3% noise (alpha={alpha:g} s, "
@@ -170,12 +202,16 @@ def check_fit_alpha_beta(fit_alpha_beta) -> str:
     return f"recovers alpha and beta from {len(FIT_CASES)} exact sweeps and a noisy one"
 
 
-def _fit(fit_alpha_beta, sizes, seconds, case) -> tuple[float, float]:
-    got = fit_alpha_beta(list(sizes), list(seconds))
-    if not (isinstance(got, tuple) and len(got) == 2):
-        raise Mistake(f"with {case}: fit_alpha_beta returned {got!r}, expected a tuple "
-                      "(alpha, beta)")
-    return float(got[0]), float(got[1])
+def _fit(got, case) -> tuple[float, float]:
+    """(alpha, beta) from what fit_alpha_beta returned: a tuple, a list, an array."""
+    if isinstance(got, torch.Tensor):
+        got = got.flatten().tolist()
+    if isinstance(got, (list, tuple)) and len(got) == 2:
+        pair = [v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v for v in got]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair):
+            return float(pair[0]), float(pair[1])
+    raise Mistake(f"with {case}: fit_alpha_beta returned {got!r}, expected a tuple "
+                  "(alpha, beta)")
 
 
 def _noisy_sweep():
@@ -199,7 +235,7 @@ def _fit_hint(a, b, alpha, beta) -> str:
 
 
 TESTS = [
-    GradedTest("test_ring_shift", 2, ("ring_shift",), check_ring_shift),
-    GradedTest("test_ping_pong", 3, ("ping_pong",), check_ping_pong),
-    GradedTest("test_fit_alpha_beta", 2, ("fit_alpha_beta",), check_fit_alpha_beta),
+    GradedTest("test_ring_shift", 2, ("ring_shift",), check_ring_shift, (COLLECTIVES, SENDRECV)),
+    GradedTest("test_ping_pong", 3, ("ping_pong",), check_ping_pong, (COLLECTIVES,)),
+    GradedTest("test_fit_alpha_beta", 2, ("fit_alpha_beta",), check_fit_alpha_beta, (FIT,)),
 ]

@@ -1,37 +1,106 @@
-"""Running a learner's function on several ranks, with failures turned into feedback."""
+"""What runs on each rank of a test, and the test data every check shares.
+
+:func:`rank_entry` is the function ``md.launch`` runs on each rank (``learner.run_ranks``):
+it hardens the communicator (``sandbox.guard``), then runs the test's cases one after the
+other, all ranks starting each case together (a barrier of the grader's own, on tags no
+learner's barrier uses). A rank whose call waits past the communicator's timeout stops and
+reports where it waits, so a deadlock is shown as every rank's blocked call, not just the
+first to time out. Each case's result comes back as plain data, with the rank's traffic as
+the transport saw it.
+"""
 
 from __future__ import annotations
 
-from ...errors import WorkerError
-from ...launch import launch
-from ..feedback import Mistake, describe_exception
+import time
+import traceback
 
-# Seconds a blocking call in a check may wait: long enough for a loaded 2-core machine,
-# short enough that a deadlock is reported quickly.
-COMM_TIMEOUT = 10.0
+import torch
+
+from ...errors import CommTimeout
+from ..feedback import learner_frame
+from ..isolation import to_plain
+from ..sandbox import guard
+
+IN_CODE, RETURNED, DONE, BLOCKED = 1, 2, 3, 4  # a rank's phase, in ``progress``
+_BARRIER_TAG = -(1 << 41)
+_EMPTY = torch.empty(0, dtype=torch.uint8)
 
 
-def run_ranks(body, world_size: int, args: tuple, name: str, case: str) -> list:
-    """``md.launch(body, world_size, args)``; a failing rank becomes a ``Mistake`` that says
-    which function, which case (``case``, e.g. ``"world_size=3, n=7"``) and what happened."""
+def rank_entry(comm, case_fn, namespace, rules, cases, progress) -> dict:
+    """Run ``case_fn(comm, namespace, *case)`` for each case; see the module docstring."""
+    transport, out = guard(comm, rules), []
+    for i, case in enumerate(cases):
+        _mark(progress, comm.rank, i, RETURNED)
+        try:
+            grader_barrier(comm)
+        except CommTimeout:
+            return {"results": out, "blocked": {"case": i, "returned": True}}
+        comm.stats.reset()
+        transport.reset()
+        comm.timeline.events.clear()
+        _mark(progress, comm.rank, i, IN_CODE)
+        try:
+            value = case_fn(comm, namespace, *case)
+        except CommTimeout as e:
+            _mark(progress, comm.rank, i, BLOCKED)
+            return {"results": out, "blocked": _blocked(e, i)}
+        out.append({"value": to_plain(value), "traffic": to_plain(_traffic(comm, transport))})
+    _mark(progress, comm.rank, len(cases), RETURNED)
     try:
-        return launch(body, world_size, args=args, timeout=COMM_TIMEOUT)
-    except WorkerError as e:
-        text = describe_exception(e, name)
-        if e.exc_type == "NotImplementedError":  # the same for every case
-            raise Mistake(text) from None
-        raise Mistake(f"with {case}: {text}") from None
+        grader_barrier(comm)
+    except CommTimeout:
+        return {"results": out, "blocked": {"case": len(cases), "returned": True}}
+    _mark(progress, comm.rank, len(cases), DONE)
+    return {"results": out}
 
 
-def pattern(rank: int, n: int, dtype, world_size: int):
+def _mark(progress, rank: int, case: int, phase: int) -> None:
+    progress[2 * rank], progress[2 * rank + 1] = case, phase
+
+
+def grader_barrier(comm) -> None:
+    """A dissemination barrier on the control context, on tags of the grader's own."""
+    p, k, control = comm.world_size, 1, comm.control
+    while k < p:
+        r = control.irecv(_EMPTY, (comm.rank - k) % p, _BARRIER_TAG - k)
+        control.isend(_EMPTY, (comm.rank + k) % p, _BARRIER_TAG - k).wait(op="barrier")
+        r.wait(op="barrier")
+        k *= 2
+
+
+def _blocked(e: CommTimeout, case: int) -> dict:
+    where = learner_frame(traceback.format_exc())
+    return to_plain({"case": case, "returned": False, "op": str(getattr(e, "op", "wait")),
+                     "peer": getattr(e, "peer", None), "tag": getattr(e, "tag", None),
+                     "detail": str(getattr(e, "detail", "")), "line": where})
+
+
+def _traffic(comm, transport) -> dict:
+    """The rank's messages on the user context, as its transport saw them."""
+    stats = comm.stats
+    counted = {p: s.bytes_sent for p, s in stats.per_peer.items() if s.messages_sent}
+    messages = {p: s.messages_sent for p, s in stats.per_peer.items() if s.messages_sent}
+    sendrecvs = sum(1 for e in comm.timeline.events if e[0] == "sendrecv")
+    return {"sent_to": dict(transport.sent), "messages_to": dict(transport.messages),
+            "bytes_sent": sum(transport.sent.values()), "hidden": transport.hidden,
+            "stats_ok": counted == transport.sent and messages == transport.messages,
+            "sendrecv": sendrecvs, "eager_ok": comm.eager_limit == 0}
+
+
+# -- test data ---------------------------------------------------------------------------------
+def pattern(rank: int, n, dtype, world_size: int):
     """Rank ``rank``'s test data: rank-specific, position-specific, exact in every dtype.
 
     Element i of rank r is 2^r + 2^p * i, so any sum over ranks stays an exact integer and
-    its low bits say which ranks contributed (see ``contributors``).
+    its low bits say which ranks contributed (see ``contributors``). ``n`` is a length or a
+    shape (the values run along the flattened tensor).
     """
-    import torch
-
-    return (2 ** rank + (2 ** world_size) * torch.arange(n, dtype=torch.float64)).to(dtype)
+    shape = (n,) if isinstance(n, int) else tuple(n)
+    numel = 1
+    for s in shape:
+        numel *= s
+    flat = 2 ** rank + (2 ** world_size) * torch.arange(numel, dtype=torch.float64)
+    return flat.to(dtype).reshape(shape)
 
 
 def contributors(value: float, index: int, world_size: int) -> list[int] | None:
@@ -45,12 +114,15 @@ def contributors(value: float, index: int, world_size: int) -> list[int] | None:
     return ranks if expected == v else None
 
 
-def stats_of(comm) -> dict:
-    """A rank's traffic as plain ints: totals and bytes/messages sent to each peer."""
-    s = comm.stats
-    return {"bytes_sent": s.bytes_sent, "messages_sent": s.messages_sent,
-            "bytes_received": s.bytes_received,
-            "sent_to": {p: ps.bytes_sent for p, ps in s.per_peer.items() if ps.messages_sent},
-            "messages_to": {p: ps.messages_sent for p, ps in s.per_peer.items()
-                            if ps.messages_sent}}
+def traffic_text(traffic: dict) -> str:
+    """``3 message(s), 120 bytes to rank 1, ...`` or ``nothing``."""
+    if not traffic["messages_to"]:
+        return "nothing"
+    return ", ".join(f"{m} message(s), {traffic['sent_to'].get(p, 0)} bytes to rank {p}"
+                     for p, m in sorted(traffic["messages_to"].items()))
 
+
+def sleep_then(seconds: float, fn, *args):
+    """``fn(*args)`` after ``seconds``: a rank that starts late."""
+    time.sleep(seconds)
+    return fn(*args)

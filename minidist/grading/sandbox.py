@@ -1,0 +1,204 @@
+"""What a test puts out of the learner's reach, in the child process that runs their code.
+
+A test names rules (``GradedTest.rules``); :func:`forbid` applies them in the child before
+the learner's code is loaded, and :func:`guard` hardens each rank's communicator. Each rule
+closes a bypass at its source, so that no import path or alias reaches around it:
+
+- ``COLLECTIVES``: the rank's transport refuses the collectives' context (the one
+  ``comm.collective`` talks on, which every minidist collective uses to move data) and the
+  shared-memory and process-group capabilities; the code of every minidist collective
+  function is replaced by one that raises; ``torch.distributed`` cannot create a process
+  group or run a collective.
+- ``SENDRECV``: ``comm.sendrecv`` raises (and a rank's timeline shows any call that got past).
+- ``SAMPLER``, ``BUCKETS``, ``DATA_PARALLEL``, ``FIT``: minidist's and torch's own
+  implementation of what the exercise builds raises.
+
+Every refusal raises :class:`NotAllowed`, whose message says what is not allowed and why.
+Every rank also sends with ``comm.eager_limit = 0``: a send waits for its receive, as a large
+message does on a real cluster, so a program that only works because sends are buffered
+deadlocks here as it would there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COLLECTIVES, SENDRECV, SAMPLER = "collectives", "sendrecv", "sampler"
+BUCKETS, DATA_PARALLEL, FIT = "buckets", "data_parallel", "fit"
+EAGER_LIMIT = 0
+NOT_ALLOWED_TEXT = "is not allowed in this exercise"
+
+WHY = {
+    COLLECTIVES: "you are building a collective from point-to-point messages here: use "
+                 "comm.send, comm.recv, comm.isend and comm.irecv",
+    SENDRECV: "order comm.send and comm.recv yourself (or post comm.irecv first)",
+    SAMPLER: "shard_indices is the sampler's own logic: write it from the description",
+    BUCKETS: "assign_buckets is DDP's own rule: write it from the description",
+    DATA_PARALLEL: "average the gradients yourself, with md.all_reduce",
+    FIT: "write the least-squares fit yourself (np.linalg.lstsq)",
+}
+_LIBRARY_FUNCTIONS = {  # rule -> modules whose every function is disabled
+    COLLECTIVES: ("minidist.collectives.api", "minidist.collectives.allreduce",
+                  "minidist.collectives.rooted", "minidist.collectives.shared_memory",
+                  "minidist.collectives.auto"),
+}
+_NAMED_FUNCTIONS = {  # rule -> (module, function)
+    SAMPLER: (("minidist.parallel.data.sampler", "shard_indices"),),
+    BUCKETS: (("minidist.parallel.data.buckets", "assign_buckets"),),
+    FIT: (("minidist.bench.p2p", "fit_alpha_beta"),),
+}
+_CLASSES = {  # rule -> (module, class, methods)
+    SAMPLER: (("torch.utils.data.distributed", "DistributedSampler", ("__init__", "__iter__")),
+              ("minidist.parallel.data.sampler", "DistributedSampler", ("__init__", "__iter__"))),
+    DATA_PARALLEL: (("minidist.parallel.data.ddp", "DistributedDataParallel", ("__init__",)),
+                    ("minidist.parallel.data.naive", "DataParallelNaive", ("__init__",)),
+                    ("minidist.parallel.data.reductions", "Average", ("__init__", "reduce"))),
+}
+_TORCH_DISTRIBUTED = (
+    "init_process_group", "new_group", "new_subgroups", "init_device_mesh", "all_reduce",
+    "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+    "broadcast", "reduce", "all_to_all", "all_to_all_single", "gather", "scatter",
+    "all_reduce_coalesced", "all_gather_object", "broadcast_object_list", "send", "recv",
+    "isend", "irecv", "batch_isend_irecv", "ProcessGroupGloo", "TCPStore", "FileStore",
+    "HashStore", "PrefixStore")
+
+
+class NotAllowed(RuntimeError):
+    """The learner's code called what the exercise asks them to build."""
+
+
+def message(what: str, rule: str) -> str:
+    return f"{what} {NOT_ALLOWED_TEXT}: {WHY[rule]}"
+
+
+def forbid(rules) -> None:
+    """Apply ``rules`` to this (child) process: library functions and classes raise."""
+    for rule in rules:
+        for module in _LIBRARY_FUNCTIONS.get(rule, ()):
+            _disable_module_functions(module, rule)
+        for module, name in _NAMED_FUNCTIONS.get(rule, ()):
+            mod = importlib.import_module(module)
+            _disable_function(getattr(mod, name), message(f"{module}.{name}", rule))
+        for module, name, methods in _CLASSES.get(rule, ()):
+            cls = getattr(importlib.import_module(module), name)
+            for method in methods:
+                setattr(cls, method, _refusal(message(f"{module}.{name}", rule)))
+    if COLLECTIVES in rules:
+        _forbid_torch_distributed()
+
+
+def _disable_module_functions(module: str, rule: str) -> None:
+    mod = importlib.import_module(module)
+    for name, value in vars(mod).items():
+        if callable(value) and getattr(value, "__module__", None) == module and \
+                hasattr(value, "__code__"):
+            _disable_function(value, message(f"{module}.{name}", rule))
+
+
+def _disable_function(fn, text: str) -> None:
+    """Replace ``fn``'s code, so that every reference to it (however imported) raises."""
+    if fn.__code__.co_freevars:  # a closure: its code cannot be swapped; hide nothing less
+        return
+    source = f"def refused(*args, **kwargs):\n    raise RuntimeError({text!r})\n"
+    namespace: dict = {}
+    exec(compile(source, "<not allowed>", "exec"), {}, namespace)
+    fn.__code__ = namespace["refused"].__code__
+
+
+def _refusal(text: str):
+    def refused(*args, **kwargs):
+        raise NotAllowed(text)
+    return refused
+
+
+def _forbid_torch_distributed() -> None:
+    import torch.distributed
+    import torch.distributed.distributed_c10d
+
+    modules = [torch.distributed, torch.distributed.distributed_c10d,
+               sys.modules.get("torch._C._distributed_c10d")]
+    for name in _TORCH_DISTRIBUTED:
+        refusal = _refusal(message(f"torch.distributed.{name}", COLLECTIVES))
+        for module in modules:
+            if module is not None and hasattr(module, name):
+                setattr(module, name, refusal)
+
+
+class _SealedGrading:
+    """A meta path finder: the grader's modules cannot be imported (again) here."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "minidist.grading" or name.startswith("minidist.grading."):
+            raise ImportError(f"{name} is not available to the code under test: the grader's "
+                              "tests and their data stay out of its reach")
+        return None
+
+
+def seal_grading() -> None:
+    """In the child, before the learner's code loads: ``import minidist.grading...`` fails
+    (the grader's own code, already loaded, keeps working), so the tests' modules, their
+    data and their answers cannot be read or patched from the learner's code."""
+    import minidist
+
+    for name in [n for n in sys.modules if n == "minidist.grading" or
+                 n.startswith("minidist.grading.")]:
+        del sys.modules[name]
+    if "grading" in vars(minidist):
+        delattr(minidist, "grading")
+    sys.meta_path.insert(0, _SealedGrading())
+
+
+# -- a rank's communicator ---------------------------------------------------------------------
+class GuardedTransport:
+    """A rank's transport as the grader lets the learner's communicator use it: counts what
+    goes out on the counted contexts (user and collectives: the bytes a test checks, whatever
+    ``comm.stats`` says) and payload on the library's control context; refuses the
+    collectives' context where the rules say so."""
+
+    def __init__(self, inner, refuse_collectives: bool):
+        self._inner, self._refuse = inner, refuse_collectives
+        self.reset()
+
+    def reset(self) -> None:
+        self.sent: dict[int, int] = {}
+        self.messages: dict[int, int] = {}
+        self.hidden = 0  # payload bytes sent on a control context
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def _check(self, ctx: int) -> None:
+        if self._refuse and ctx % 4 == 2:
+            raise NotAllowed(message("minidist's collectives (md.all_reduce, "
+                                     "minidist.collectives.*, comm.collective)", COLLECTIVES))
+
+    def isend(self, tensor, dst, ctx, tag, code):
+        self._check(ctx)
+        nbytes = tensor.numel() * tensor.element_size()
+        if ctx % 4 in (0, 2):
+            self.sent[dst] = self.sent.get(dst, 0) + nbytes
+            self.messages[dst] = self.messages.get(dst, 0) + 1
+        elif ctx % 4 == 1:
+            self.hidden += nbytes
+        return self._inner.isend(tensor, dst, ctx, tag, code)
+
+    def irecv(self, tensor, src, ctx, tag, code):
+        self._check(ctx)
+        return self._inner.irecv(tensor, src, ctx, tag, code)
+
+    def capability(self, name: str):
+        if self._refuse:
+            raise NotAllowed(message(f"the transport's {name!r} capability", COLLECTIVES))
+        return self._inner.capability(name)
+
+
+def guard(comm, rules) -> GuardedTransport:
+    """Harden a rank's communicator for a test; return the transport that counts."""
+    transport = GuardedTransport(comm._transport, COLLECTIVES in rules)
+    comm._transport = transport
+    comm.eager_limit = EAGER_LIMIT
+    comm.timeline.enable()
+    if SENDRECV in rules:
+        comm.sendrecv = _refusal(message("comm.sendrecv", SENDRECV))
+    return transport

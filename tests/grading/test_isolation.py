@@ -1,0 +1,90 @@
+"""Learner code in child processes: plain data back, time limits, and the sandbox's rules."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from minidist.grading import sandbox
+from minidist.grading.isolation import (
+    ChildTimeout,
+    Opaque,
+    RemoteError,
+    run_in_child,
+    sanitize,
+    to_plain,
+)
+
+
+class Evil:
+    """Unpickling this would run code: the parent must never unpickle what a child sends."""
+
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def _returns(value):
+    return to_plain(value)
+
+
+def test_plain_data_round_trips_and_other_objects_stay_opaque():
+    value = {"t": torch.arange(6, dtype=torch.int64).reshape(2, 3), "pair": (1.5, None),
+             3: [True, "x"], "evil": Evil()}
+    got = run_in_child(_returns, (value,))
+    assert torch.equal(got["t"], value["t"]) and got["t"].dtype == torch.int64
+    assert got["pair"] == (1.5, None) and got[3] == [True, "x"]
+    assert isinstance(got["evil"], Opaque) and got["evil"].type_name == "Evil"
+    assert sanitize(float("nan")) != sanitize(float("nan"))  # NaN survives as NaN
+
+
+def _raises():
+    raise KeyError("missing")
+
+
+def _sleeps_with_a_grandchild():
+    if os.fork() == 0:
+        time.sleep(60)
+        os._exit(0)
+    time.sleep(60)
+
+
+def test_errors_come_back_as_data_and_a_run_past_its_limit_is_killed():
+    with pytest.raises(RemoteError) as info:
+        run_in_child(_raises)
+    assert info.value.type_name == "KeyError" and "missing" in info.value.message
+    start = time.monotonic()
+    with pytest.raises(ChildTimeout):
+        run_in_child(_sleeps_with_a_grandchild, limit=0.5)
+    assert time.monotonic() - start < 5  # and the no_leaks fixture sees no survivor
+
+
+def _library_calls():
+    import torch.distributed as dist
+
+    import minidist as md
+    from minidist.parallel.data.buckets import assign_buckets
+
+    sandbox.forbid([sandbox.COLLECTIVES, sandbox.BUCKETS, sandbox.SAMPLER])
+    out = []
+    for call in (lambda: md.all_reduce(None, torch.ones(1)), lambda: dist.all_reduce(None),
+                 lambda: assign_buckets([], 1), lambda: md.DistributedSampler(None, None),
+                 lambda: torch.utils.data.DistributedSampler(range(3), 1, 0)):
+        try:
+            call()
+            out.append("allowed")
+        except RuntimeError as e:
+            out.append(str(e))
+    return out
+
+
+def test_forbidden_library_calls_raise_with_the_reason():
+    got = run_in_child(_library_calls)
+    assert all(sandbox.NOT_ALLOWED_TEXT in text for text in got), got
+    assert "minidist.collectives.api.all_reduce" in got[0]
+    assert "torch.distributed.all_reduce" in got[1]
+    import minidist as md
+
+    assert md.all_reduce.__code__.co_name == "all_reduce"  # this process is untouched

@@ -1,0 +1,67 @@
+"""The grader on typical wrong answers, bypasses and grade-faking cells (``wrong_answers/``):
+each wrong answer scores zero on the tests it breaks, with feedback that names the mistake;
+each bypass and each faked grade earns nothing; a right answer in another container shape
+earns full points. Tests a changed cell cannot reach are not rerun: they keep the points of
+the notebook the wrong answer started from (test_notebooks.py grades those)."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+from wrong_answers import ROOT, all_wrong, notebook
+
+from minidist.grading import learner
+from minidist.grading.notebook_grader import grade_notebook, program_of
+from minidist.grading.registry import stored_tests
+
+WRONG = all_wrong()
+
+
+@pytest.fixture
+def quick_deadlocks(monkeypatch):
+    monkeypatch.setattr(learner, "COMM_TIMEOUT", 2.0)
+
+
+def affected_tests(wrong) -> list[str]:
+    """The tests whose code the wrong answer changed (every test, for added cells or stubs)."""
+    tests = stored_tests(wrong.exercise)
+    if wrong.base != "solutions" or wrong.extra:
+        return list(tests)
+    nb = nbformat.read(str(ROOT / "solutions" / f"{wrong.exercise}.ipynb"), as_version=4)
+    changed = {i + 1 for i, c in enumerate(nb.cells)
+               if c.metadata.get("nbgrader", {}).get("grade_id") in wrong.cells}
+    program = program_of(nb, tests)
+    return [gid for gid, t in tests.items()
+            if any(s.cell in changed for s in program.select(t.needs))]
+
+
+def test_there_are_typical_wrong_answers_of_every_kind():
+    names = {w.name for w in WRONG}
+    for kind in ("ring_whole_buffers", "rs_off_by_one_chunk", "average_no_division",
+                 "buckets_forward_order", "shard_ignores_epoch", "shift_send_first",
+                 "ag_send_before_recv", "naive_api_all_reduce", "shard_torch_sampler",
+                 "buckets_library", "hooks_print_and_display_grades", "patch_grading_modules",
+                 "forged_result_files", "ring_rows_not_flattened", "pong_no_barrier",
+                 "shard_pads_once", "shift_sendrecv", "naive_all_reduce_coalesced"):
+        assert kind in names
+    assert len(WRONG) >= 50
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wrong", WRONG, ids=[w.name for w in WRONG])
+def test_grader_sees_through(wrong, tmp_path, quick_deadlocks):
+    path = tmp_path / f"{wrong.exercise}.ipynb"
+    nbformat.write(notebook(wrong), str(path))
+    only = affected_tests(wrong)
+    assert set(wrong.expect) <= set(only), "a test the change cannot reach"
+    report = grade_notebook(path, timeout=wrong.timeout, only=only)
+    assert report.error is None, report.error
+    for r in report.results:
+        if r["grade_id"] in wrong.expect:
+            assert r["earned"] == 0, r
+            assert wrong.expect[r["grade_id"]] in r["feedback"], r["feedback"]
+        else:
+            full = wrong.base == "solutions"
+            assert r["earned"] == (r["points"] if full else 0), r
+    if wrong.base == "solutions" and not wrong.passes:  # partial points: the rest stands
+        assert set(stored_tests(wrong.exercise)) - set(only)

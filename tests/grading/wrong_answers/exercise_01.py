@@ -1,0 +1,184 @@
+"""Wrong answers to exercise 01, and calls to the library or torch that must earn nothing."""
+
+from . import Wrong
+
+EX = "01_collectives"
+NAIVE, RS = "test_naive_all_reduce", "test_ring_reduce_scatter"
+AG, RING = "test_ring_all_gather", "test_ring_all_reduce"
+LIBRARY = "calls what this exercise asks you to write yourself"
+RING_HEAD = "    p, r = comm.world_size, comm.rank\n    right, left = (r + 1) % p, (r - 1) % p\n"
+
+
+def naive(body: str) -> dict:
+    return {"naive_all_reduce": "def naive_all_reduce(comm, t):\n" + body}
+
+
+def rs(body: str) -> dict:
+    return {"ring_reduce_scatter": "def ring_reduce_scatter(comm, chunks):\n" + RING_HEAD + body}
+
+
+def ag(body: str) -> dict:
+    return {"ring_all_gather": "def ring_all_gather(comm, chunks):\n" + RING_HEAD + body}
+
+
+def ring(body: str) -> dict:
+    return {"ring_all_reduce": "def ring_all_reduce(comm, t):\n" + body}
+
+
+WRONG = [
+    Wrong("naive_root_never_sends_back", EX, naive("""\
+    if comm.rank == 0:
+        buf = torch.empty_like(t)
+        for src in range(1, comm.world_size):
+            comm.recv(buf, src)
+            t += buf
+    else:
+        comm.send(t, 0)
+        comm.recv(t, 0)
+    return t
+"""), {NAIVE: "rank 0 returned from naive_all_reduce and waits for the others; rank 1 waits "
+              "in recv from rank 0"}),
+    Wrong("naive_everyone_to_everyone", EX, naive("""\
+    others = [r for r in range(comm.world_size) if r != comm.rank]
+    bufs = [torch.empty_like(t) for _ in others]
+    reqs = [comm.irecv(b, r) for b, r in zip(bufs, others)]
+    for r in others:
+        comm.send(t, r)
+    for req, b in zip(reqs, bufs):
+        req.wait()
+        t += b
+    return t
+"""), {NAIVE: "rank 1 sent 28 bytes to rank 0, 28 bytes to rank 2"}),
+    Wrong("naive_md_all_reduce", EX, naive("    return md.all_reduce(comm, t)\n"),
+          {NAIVE: LIBRARY}),
+    Wrong("naive_api_all_reduce", EX, naive("""\
+    from minidist.collectives.api import all_reduce
+    return all_reduce(comm, t, algorithm="naive")
+"""), {NAIVE: "minidist.collectives.api.all_reduce is not allowed in this exercise"}),
+    Wrong("naive_all_reduce_coalesced", EX, naive("""\
+    import minidist.collectives
+    minidist.collectives.all_reduce_coalesced(comm, [t])
+    return t
+"""), {NAIVE: "all_reduce_coalesced is not allowed in this exercise"}),
+    Wrong("naive_algorithm_module", EX, naive("""\
+    from minidist.collectives import allreduce
+    return allreduce.naive(comm, t, "sum")
+"""), {NAIVE: "minidist.collectives.allreduce.naive is not allowed"}),
+    Wrong("rs_off_by_one_chunk", EX, rs("""\
+    for s in range(p - 1):
+        send_i, recv_i = (r - s) % p, (r - s - 1) % p
+        got = torch.empty_like(chunks[recv_i])
+        comm.sendrecv(chunks[send_i], right, got, left)
+        chunks[recv_i] += got
+"""), {RS: "missing rank(s) [1]", RING: "missing rank(s) [1]"}),
+    Wrong("rs_whole_buffer", EX, rs("""\
+    whole = torch.cat(chunks)
+    for s in range(p - 1):
+        got = torch.empty_like(whole)
+        comm.sendrecv(whole, right, got, left)
+        whole = got
+        chunks[r] += got.tensor_split(p)[r]
+"""), {RS: "a ring reduce-scatter sends (p-1)/p·n", RING: "more than the 2(p-1)/p·n"}),
+    Wrong("rs_send_before_recv", EX, rs("""\
+    for s in range(p - 1):
+        send_i, recv_i = (r - s - 1) % p, (r - s - 2) % p
+        got = torch.empty_like(chunks[recv_i])
+        comm.send(chunks[send_i], right)
+        comm.recv(got, left)
+        chunks[recv_i] += got
+"""), {RS: "deadlock in ring_reduce_scatter at `comm.send(chunks[send_i], right)`",
+        RING: "deadlock in ring_all_reduce at `comm.send(chunks[send_i], right)`"}),
+    Wrong("rs_straight_to_owner", EX, rs("""\
+    reqs = [comm.isend(chunks[j], j) for j in range(p) if j != r]
+    for src in range(p):
+        if src != r:
+            got = torch.empty_like(chunks[r])
+            comm.recv(got, src)
+            chunks[r] += got
+    for q in reqs:
+        q.wait()
+"""), {RS: "only to its right neighbour", RING: "only to its right neighbour"}),
+    Wrong("ag_send_before_recv", EX, ag("""\
+    for s in range(p - 1):
+        comm.send(chunks[(r - s) % p], right)
+        comm.recv(chunks[(r - s - 1) % p], left)
+"""), {AG: "deadlock in ring_all_gather at `comm.send(chunks[(r - s) % p], right)`",
+        RING: "deadlock in ring_all_reduce"}),
+    Wrong("ag_off_by_one", EX, ag("""\
+    for s in range(p - 1):
+        comm.sendrecv(chunks[(r - s - 1) % p], right, chunks[(r - s - 2) % p], left)
+"""), {AG: "was never written: that chunk never reached this rank", RING: "values wrong"}),
+    Wrong("ag_md_all_gather", EX, ag("""\
+    parts = md.all_gather(comm, chunks[r])
+"""), {AG: LIBRARY, RING: LIBRARY}),
+    Wrong("ring_whole_buffers", EX, ring("""\
+    p, r = comm.world_size, comm.rank
+    mine, passing = t.clone(), t.clone()
+    for _ in range(p - 1):
+        got = torch.empty_like(t)
+        comm.sendrecv(passing, (r + 1) % p, got, (r - 1) % p)
+        t += got
+        passing = got
+    return t
+"""), {RING: "more than the 2(p-1)/p·n"}),
+    Wrong("ring_rows_not_flattened", EX, ring("""\
+    chunks = list(t.tensor_split(comm.world_size))
+    ring_reduce_scatter(comm, chunks)
+    ring_all_gather(comm, chunks)
+    return t
+"""), {RING: "t.tensor_split(p) cuts its rows"}),
+    Wrong("ring_library_ring", EX, ring("""\
+    import minidist.collectives.allreduce as algorithms
+    return algorithms.ring(comm, t, "sum")
+"""), {RING: "minidist.collectives.allreduce.ring is not allowed"}),
+    Wrong("ring_library_ring_fake_comm", EX, ring("""\
+    from minidist.collectives.allreduce import ring
+
+    class Plain:
+        def __getattr__(self, name):
+            return getattr(comm, name)
+        collective = comm
+    return ring(Plain(), t, "sum")
+"""), {RING: "minidist.collectives.allreduce.ring is not allowed"}),
+    Wrong("ring_collective_channel", EX, ring("""\
+    p, r = comm.world_size, comm.rank
+    chunks = list(t.view(-1).tensor_split(p))
+    for s in range(p - 1):
+        got = torch.empty_like(chunks[(r - s - 2) % p])
+        comm.collective.sendrecv(chunks[(r - s - 1) % p], (r + 1) % p, got, (r - 1) % p)
+        chunks[(r - s - 2) % p] += got
+    for s in range(p - 1):
+        comm.collective.sendrecv(chunks[(r - s) % p], (r + 1) % p, chunks[(r - s - 1) % p],
+                                 (r - 1) % p)
+    return t
+"""), {RING: "comm.collective"}),
+    Wrong("ring_control_channel", EX, ring("""\
+    p, r = comm.world_size, comm.rank
+    chunks = list(t.view(-1).tensor_split(p))
+    for s in range(p - 1):
+        got = torch.empty_like(chunks[(r - s - 2) % p])
+        comm.control.sendrecv(chunks[(r - s - 1) % p], (r + 1) % p, got, (r - 1) % p)
+        chunks[(r - s - 2) % p] += got
+    for s in range(p - 1):
+        comm.control.sendrecv(chunks[(r - s) % p], (r + 1) % p, chunks[(r - s - 1) % p],
+                              (r - 1) % p)
+    return t
+"""), {RING: "control channel"}),
+    Wrong("ring_shared_memory", EX, ring("""\
+    from minidist.collectives import shared_memory
+    shared_memory.all_reduce_shm(comm, [t], "sum")
+    return t
+"""), {RING: LIBRARY}),
+    Wrong("ring_torch_distributed", EX, ring("""\
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method="file:///tmp/md-grading-bypass",
+                            rank=comm.rank, world_size=comm.world_size)
+    dist.all_reduce(t)
+    return t
+"""), {RING: "torch.distributed.init_process_group is not allowed"}),
+    Wrong("ring_naive_hidden_stats", EX, ring("""\
+    naive_all_reduce(comm, t)
+    comm.stats.reset()
+    return t
+"""), {RING: "comm.stats does not match"}),
+]
