@@ -30,9 +30,10 @@ class CommTimeout(CommError, TimeoutError):
             hint = f"{who} never received it"
         else:
             hint = "not every rank reached it"
+        with_who = "" if peer is None and "barrier" in op else f" with {who}"
         tag_txt = "" if tag is None else f" (tag {tag})"
         super().__init__(
-            f"{where}{op} with {who}{tag_txt} timed out after {timeout:g} s: {hint}. "
+            f"{where}{op}{with_who}{tag_txt} timed out after {timeout:g} s: {hint}. "
             "Is every rank waiting for another one (a deadlock)?" + (f" {detail}" if detail else "")
         )
 

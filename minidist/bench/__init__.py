@@ -5,4 +5,5 @@ BENCHMARKS = {
     "p2p": "minidist.bench.p2p",
     "collectives": "minidist.bench.collectives",
     "ddp": "minidist.bench.ddp",
+    "faults": "minidist.bench.faults",
 }

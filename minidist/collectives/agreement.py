@@ -40,7 +40,7 @@ def describe(name: str, t, shape=None, **params) -> str:
 
 def agree(comm, desc: str) -> None:
     """Raise ``CollectiveMismatchError`` on every rank unless every rank passed ``desc``."""
-    texts = disagreement(comm, desc, op="collective check")
+    texts = disagreement(comm, desc, op=f"collective check of {desc}")
     if texts is not None:
         raise CollectiveMismatchError(_mismatch_text(comm.rank, texts))
 
@@ -63,7 +63,7 @@ def disagreement(comm, text: str, op: str = "agreement check") -> list[str] | No
         return None
     h = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), "little")
     if shared_memory.world_ok(comm):  # one barrier in shared memory, no messages
-        same = shared_memory.same_everywhere(comm, h)
+        same = shared_memory.same_everywhere(comm, h, op)
     else:
         same = _same_hash(comm, h, op)
     return None if same else _all_texts(comm, text, op)

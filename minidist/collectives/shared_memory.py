@@ -64,7 +64,7 @@ def available(comm, x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and world_ok(comm)
 
 
-def same_everywhere(comm, h: int) -> bool:
+def same_everywhere(comm, h: int, what: str = "agreement check") -> bool:
     """One barrier that also compares a number across ranks: True on every rank if every
     rank passed the same ``h``, False on every rank otherwise. The collectives' agreement
     check (``collectives/agreement.py``) on a world communicator of this backend.
@@ -74,7 +74,7 @@ def same_everywhere(comm, h: int) -> bool:
     is still reading this one's (it cannot get two checks ahead: that needs a barrier the
     slow rank has not reached).
     """
-    barrier, scratch = _Barrier(comm), comm.capability("shared_scratch")
+    barrier, scratch = _Barrier(comm, what), comm.capability("shared_scratch")
     turn = 8 * (1 + (barrier.words[comm.rank].value + 1) % 2)
     hashes = [scratch.word64(k * LINE + turn) for k in range(comm.world_size)]
     hashes[comm.rank].value = h
@@ -93,7 +93,7 @@ def all_reduce_shm(comm, xs, op: str):
     p, r = comm.world_size, comm.rank
     flat = _Concat([xs] if isinstance(xs, torch.Tensor) else list(xs))
     slots = _slots(comm.capability("shared_scratch"), p, flat.dtype)  # p: the result
-    mine, result, barrier = slots[r], slots[p], _Barrier(comm)
+    mine, result, barrier = slots[r], slots[p], _Barrier(comm, "all_reduce")
     step = slots[0].numel()
     for start in range(0, flat.numel, step):
         m = min(step, flat.numel - start)
@@ -182,9 +182,9 @@ class _Barrier:
     counter reaches g. The counters live in shared memory and only grow, so calls need no
     set-up. Waiting spins as the transport does, then sleeps on the rank's doorbell."""
 
-    def __init__(self, comm):
+    def __init__(self, comm, what: str = "collective"):
         scratch = comm.capability("shared_scratch")
-        self.scratch, self.rank, self.timeout = scratch, comm.rank, comm.timeout
+        self.scratch, self.rank, self.timeout, self.what = scratch, comm.rank, comm.timeout, what
         self.words = [scratch.word64(k * LINE) for k in range(comm.world_size)]
         self.bells = [scratch.bell(k) for k in range(comm.world_size) if k != comm.rank]
         # spin as the transport does (only when every rank has a core), but briefly: ranks
@@ -207,6 +207,15 @@ class _Barrier:
             if now < spin_until:
                 continue
             if now >= deadline:
-                raise CommTimeout("collective (shared-memory barrier)", None, None,
-                                  self.timeout, self.rank)
+                raise self._timeout(g)
             self.scratch.sleep(self.my_bell, seen, min(0.05, deadline - now))
+
+    def _timeout(self, g: int) -> CommTimeout:
+        """Name the ranks that never arrived (the counters tell); ranks are the world's."""
+        late = [k for k, w in enumerate(self.words) if w.value < g]
+        came = [k for k, w in enumerate(self.words) if w.value >= g]
+        s = "s" if len(late) > 1 else ""
+        return CommTimeout(f"{self.what} (shared-memory barrier)", None, None, self.timeout,
+                           self.rank, f"Rank{s} {', '.join(map(str, late))} never reached it "
+                                      f"(rank{'s' if len(came) > 1 else ''} "
+                                      f"{', '.join(map(str, came))} did).")

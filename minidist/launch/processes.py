@@ -4,42 +4,42 @@ The ranks are processes started with the ``multiprocess`` package (multiprocessi
 so a function defined in a notebook cell can be launched under fork and spawn alike. The
 caller watches every rank's result pipe and process sentinel at once, so the first failure,
 whether an exception or a process that simply died, is reported within milliseconds, the
-other ranks are stopped, and nothing (no process, no shared-memory segment) outlives the call.
+other ranks are stopped, and nothing (no process, no shared-memory segment) outlives the call
+(``watch.py``: collecting, blame, teardown). Nor does anything outlive a killed caller: ranks
+die with it (PR_SET_PDEATHSIG, checked against a caller that died first), the segment's name
+has a guard (``transports/shm_segment.py``), and interrupts wait while ranks are started or
+torn down.
 """
 
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 import signal
 import sys
-import time
 import traceback
 from contextlib import contextmanager
 
 import multiprocess as mp
-from multiprocess.connection import wait as wait_any
 
-from ..errors import CommTimeout, WorkerCommTimeout, WorkerError
+from ..errors import CommTimeout
 from ..transports.emulated import PortClocks
 from ..transports.network import Network
-from .runtime import DEFAULT_TIMEOUT, WorldSpec, check_backend_device, connect
+from .runtime import WorldSpec, check_backend_device, check_timeout, connect
+from .watch import Results, collect, failure_kind, signals_held, teardown
 
-
-class Results(list):
-    """The per-rank return values, in rank order. With ``trace=True``, ``timelines`` holds
-    each rank's recorded events (see ``minidist.trace``)."""
-
-    timelines: list[list[dict]] | None = None
+__all__ = ["Results", "launch"]
 
 
 def launch(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
-           backend: str = "local", device: str = "cpu", timeout: float = DEFAULT_TIMEOUT,
+           backend: str = "local", device: str = "cpu", timeout: float | None = None,
            start_method: str | None = None, threads: int | None = None,
            trace: bool = False, network: Network | None = None) -> Results:
     """Run ``fn(comm, *args, **kwargs)`` on ``world_size`` ranks; return results by rank.
 
-    ``timeout`` bounds every blocking communication call (``md.CommTimeout`` past it).
+    ``timeout`` bounds every blocking communication call (``md.CommTimeout`` past it); by
+    default ``MINIDIST_TIMEOUT`` (read at each launch) or 60 s; ``float("inf")``: no bound.
     ``start_method`` is ``"fork"`` (default on Linux for CPU work: fast) or ``"spawn"``
     (default for CUDA, which cannot survive a fork). ``threads`` is each rank's torch thread
     count: by default cores / ranks under spawn, and 1 under fork, because a child forked
@@ -47,30 +47,67 @@ def launch(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
     ``network`` (an ``md.Network``, local backend only) makes every message take the time
     its link would take on that network (``transports/emulated.py``).
     """
-    world_size = _check_launch_args(fn, world_size, backend, device, timeout)
+    world_size, args, kwargs = _check_launch_args(fn, world_size, args, kwargs)
+    timeout = check_timeout(timeout)
+    check_backend_device(backend, device)
     _check_network(network, backend, world_size)
-    method = start_method or _default_start_method(device)
+    method = _start_method(start_method, device)
     threads = _thread_count(threads, method, world_size)
     ctx = mp.get_context(method)
-    spec, owned = _prepare_world(backend, world_size, device, timeout, trace, ctx, network)
-    procs, conns, ok = [], [], False
+    procs, conns, spec, owned, ok = [], [], None, None, False
     try:
-        with _pickle_referenced_globals():
-            for rank in range(world_size):
-                reader, writer = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=_worker, name=f"minidist-rank-{rank}", args=(
-                    rank, spec, threads, fn, tuple(args), kwargs or {}, writer))
-                p.start()
-                writer.close()
-                procs.append(p)
-                conns.append(reader)
-        results = _collect(procs, conns, owned)
+        with signals_held():  # nothing is created that the finally below would not see
+            spec, owned = _prepare_world(backend, world_size, device, timeout, trace, ctx,
+                                         network)
+        _start_ranks(ctx, method, spec, threads, (fn, args, kwargs), procs, conns)
+        results = collect(procs, conns, owned)
         ok = True
         return results
     finally:
-        _teardown(procs, conns, owned, grace=1.0 if ok else 0.0)
-        if spec.ports is not None:
-            spec.ports.close()
+        with signals_held():
+            teardown(procs, conns, owned, grace=1.0 if ok else 0.0)
+            if spec is not None and spec.ports is not None:
+                spec.ports.close()
+
+
+def _start_ranks(ctx, method: str, spec: WorldSpec, threads: int, call, procs, conns) -> None:
+    """Start the ranks; each one is recorded in ``procs`` the moment it exists."""
+    caller = os.getpid() if method in ("fork", "spawn") else None  # forkserver: not ours
+    with _pickle_referenced_globals():
+        for rank in range(spec.world_size):
+            with signals_held():
+                reader, writer = ctx.Pipe(duplex=False)
+                conns.append(reader)
+                p = ctx.Process(target=_worker, name=f"minidist-rank-{rank}",
+                                args=(rank, spec, threads, caller, call, writer))
+                try:
+                    p.start()
+                except Exception as e:
+                    if method == "fork":
+                        raise
+                    raise _not_picklable(method, call, e) from e
+                finally:
+                    writer.close()
+                procs.append(p)
+
+
+def _not_picklable(method: str, call, error: Exception) -> Exception:
+    """Which of fn, args and kwargs could not be pickled for a spawned rank, in words."""
+    import dill
+
+    fn, args, kwargs = call
+    named = [("fn", fn)] + [(f"args[{i}]", a) for i, a in enumerate(args)]
+    named += [(f"kwargs[{k!r}]", v) for k, v in kwargs.items()]
+    for what, value in named:
+        try:
+            dill.dumps(value)
+        except Exception as e:
+            return TypeError(
+                f"{what} (a {type(value).__name__}) cannot be sent to the ranks: "
+                f"start_method={method!r} pickles every argument, and this one fails ({e}). "
+                f"Pass a picklable value instead (a list rather than a generator, say), "
+                f"create it inside fn, or use start_method='fork'")
+    return error
 
 
 @contextmanager
@@ -87,17 +124,23 @@ def _pickle_referenced_globals():
         dill.settings["recurse"] = before
 
 
-def _check_launch_args(fn, world_size, backend, device, timeout) -> int:
+def _check_launch_args(fn, world_size, args, kwargs) -> tuple[int, tuple, dict]:
     if not callable(fn):
         raise TypeError(f"launch expects a function fn(comm, ...), got {type(fn).__name__}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
+    if isinstance(world_size, bool) or not hasattr(world_size, "__index__"):
         raise TypeError(f"world_size must be an int, got {type(world_size).__name__}")
+    world_size = operator.index(world_size)  # numpy integers too
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
-    if not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
-    check_backend_device(backend, device)
-    return world_size
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args must be a tuple of fn's positional arguments, got "
+                        f"{type(args).__name__} {args!r:.40}; for one argument write "
+                        f"args=({args!r:.40},)")
+    if kwargs is not None and not (isinstance(kwargs, dict) and
+                                   all(isinstance(k, str) for k in kwargs)):
+        raise TypeError(f"kwargs must be a dict of fn's keyword arguments (names to values), "
+                        f"got {type(kwargs).__name__}")
+    return world_size, tuple(args), dict(kwargs or {})
 
 
 def _check_network(network, backend: str, world_size: int) -> None:
@@ -114,7 +157,12 @@ def _check_network(network, backend: str, world_size: int) -> None:
     network.check_world(world_size)
 
 
-def _default_start_method(device: str) -> str:
+def _start_method(start_method: str | None, device: str) -> str:
+    if start_method is not None:
+        if start_method not in mp.get_all_start_methods():
+            raise ValueError(f"start_method must be one of "
+                             f"{', '.join(mp.get_all_start_methods())}, got {start_method!r}")
+        return start_method
     if str(device).startswith("cuda") or not sys.platform.startswith("linux"):
         return "spawn"
     return "fork"
@@ -123,6 +171,8 @@ def _default_start_method(device: str) -> str:
 def _thread_count(threads: int | None, method: str, world_size: int) -> int:
     if threads is None:
         return 1 if method == "fork" else max(1, (os.cpu_count() or 1) // world_size)
+    if isinstance(threads, bool) or not hasattr(threads, "__index__"):
+        raise TypeError(f"threads must be an int, got {type(threads).__name__}")
     if threads < 1:
         raise ValueError(f"threads must be at least 1, got {threads}")
     if threads > 1 and method == "fork":
@@ -156,8 +206,9 @@ def _prepare_world(backend, world_size, device, timeout, trace, ctx, network=Non
     return spec, None
 
 
-def _worker(rank, spec, threads, fn, args, kwargs, conn) -> None:
-    _become_rank(threads)
+def _worker(rank, spec, threads, caller, call, conn) -> None:
+    _become_rank(threads, caller)
+    fn, args, kwargs = call
     comm = None
     try:
         comm = connect(spec, rank)
@@ -170,7 +221,7 @@ def _worker(rank, spec, threads, fn, args, kwargs, conn) -> None:
                             f"sent back to the caller: {e}") from e
     except BaseException as e:
         conn.send(("error", type(e).__name__, str(e), traceback.format_exc(),
-                   isinstance(e, CommTimeout)))
+                   failure_kind(e, isinstance(e, CommTimeout))))
     finally:
         if comm is not None:
             try:
@@ -180,104 +231,17 @@ def _worker(rank, spec, threads, fn, args, kwargs, conn) -> None:
         conn.close()
 
 
-def _become_rank(threads: int) -> None:
-    """Per-rank process setup: die with the parent, leave Ctrl-C to it, share the cores."""
+def _become_rank(threads: int, caller: int | None) -> None:
+    """Per-rank process setup: die with the parent (even if it died before this line),
+    leave Ctrl-C to it, share the cores."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if caller is not None and os.getppid() != caller:
+            os._exit(1)  # the caller died before we asked to die with it
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller handles interrupts
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
     import torch
 
     torch.set_num_threads(threads)
-
-
-def _collect(procs, conns, owned) -> Results:
-    """Wait for every rank's result; raise WorkerError for the first rank that fails."""
-    n = len(procs)
-    results, timelines = [None] * n, [None] * n
-    pending = set(range(n))
-    by_conn = {c: r for r, c in enumerate(conns)}
-    by_sentinel = {p.sentinel: r for r, p in enumerate(procs)}
-    while pending:
-        _unlink_when_attached(owned)
-        unlinked = not getattr(owned, "name", None)
-        ready = wait_any([conns[r] for r in pending] + [procs[r].sentinel for r in pending],
-                         timeout=0.1 if unlinked else 0.002)
-        for obj in ready:
-            rank = by_conn.get(obj, by_sentinel.get(obj))
-            if rank not in pending:
-                continue
-            msg = _read_result(conns[rank], procs[rank], obj in by_conn)
-            if msg is None:
-                continue  # exited; its result (if any) arrives on the pipe
-            if msg[0] != "ok":
-                raise _worker_error(rank, msg)
-            results[rank], timelines[rank] = msg[1], msg[2]
-            pending.discard(rank)
-    out = Results(results)
-    if any(t is not None for t in timelines):
-        out.timelines = timelines
-    return out
-
-
-def _read_result(conn, proc, from_pipe: bool):
-    """The rank's message, None if there is none yet, or a 'died' error if it is gone."""
-    if conn.poll():
-        try:
-            return conn.recv()
-        except (EOFError, OSError):
-            pass
-    elif from_pipe is False and proc.exitcode is None:
-        return None
-    proc.join(1.0)
-    return ("died", proc.exitcode)
-
-
-def _worker_error(rank: int, msg) -> WorkerError:
-    if msg[0] == "died":
-        return WorkerError(rank, f"the process died without raising ({_describe_exit(msg[1])})")
-    _, exc_type, text, tb, is_timeout = msg
-    cls = WorkerCommTimeout if is_timeout else WorkerError
-    return cls(rank, f"{exc_type}: {text}", exc_type, tb)
-
-
-def _describe_exit(code) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-def _unlink_when_attached(owned) -> None:
-    """Remove the segment's name once every rank has mapped it: nothing can leak after."""
-    if getattr(owned, "owner", False) and owned.name and owned.all_attached():
-        owned.unlink()
-        owned.name = None
-
-
-def _teardown(procs, conns, owned, grace: float) -> None:
-    """Let finished ranks exit (``grace`` seconds), stop the rest (SIGTERM, then SIGKILL),
-    close the pipes and release the shared segment or store."""
-    deadline = time.monotonic() + grace
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.monotonic() + 1.0
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            p.kill()
-            p.join()
-    for c in conns:
-        c.close()
-    if hasattr(owned, "all_attached"):  # a shared segment
-        if owned.name:
-            owned.unlink()
-        owned.close()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
+import numbers
 import os
 import sys
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ from ..transports.network import Network
 from ..transports.shm_segment import Segment
 
 BACKENDS = ("local", "torch")
-DEFAULT_TIMEOUT = float(os.environ.get("MINIDIST_TIMEOUT", 60.0))
+DEFAULT_TIMEOUT = 60.0  # seconds, unless MINIDIST_TIMEOUT says otherwise (``check_timeout``)
 
 
 @dataclass
@@ -52,6 +54,27 @@ def check_backend_device(backend: str, device: str) -> None:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if str(device).split(":")[0] not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {device!r}")
+
+
+def check_timeout(timeout, what: str = "timeout") -> float:
+    """``timeout`` as positive seconds (``inf``: wait forever); None: ``MINIDIST_TIMEOUT``,
+    read now rather than at import, or 60 s when it is unset or empty."""
+    if timeout is None:
+        raw = os.environ.get("MINIDIST_TIMEOUT", "").strip()
+        if not raw:
+            return DEFAULT_TIMEOUT
+        try:
+            timeout, what = float(raw), f"MINIDIST_TIMEOUT={raw!r}"
+        except ValueError:
+            raise ValueError(f"MINIDIST_TIMEOUT={raw!r} is not a number of seconds: set it "
+                             "to one (e.g. MINIDIST_TIMEOUT=60) or unset it") from None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"{what} must be a number of seconds (int or float), got "
+                        f"{type(timeout).__name__} {timeout!r:.40}")
+    if not timeout > 0:  # NaN too
+        raise ValueError(f"{what} must be a positive number of seconds (float('inf') for no "
+                         f"limit), got {timeout}")
+    return float(timeout)
 
 
 def connect(spec: WorldSpec, rank: int, local_rank: int | None = None) -> Communicator:
@@ -82,9 +105,9 @@ def _rank_device(device: str, local_rank: int) -> torch.device:
 def _torch_transport(spec: WorldSpec, rank: int, device: torch.device):
     import torch.distributed as dist
 
-    from ..transports.torch_dist import TorchTransport
+    from ..transports.torch_dist import TorchTransport, as_timedelta
 
-    timeout = datetime.timedelta(seconds=spec.timeout)
+    timeout = as_timedelta(spec.timeout)
     pg_backend = "nccl" if device.type == "cuda" else "gloo"
     if spec.store_port is None and spec.store_meeting is None:  # torchrun: env://
         dist.init_process_group(pg_backend, init_method="env://", timeout=timeout)
@@ -109,7 +132,7 @@ def _store(spec: WorldSpec, rank: int, timeout: datetime.timedelta):
         port.value = store.port
         ready.set()
         return store
-    if not ready.wait(spec.timeout):
+    if not ready.wait(None if math.isinf(spec.timeout) else spec.timeout):
         raise CommTimeout("rendezvous", 0, None, spec.timeout, rank)
     return dist.TCPStore(spec.store_host, port.value, spec.world_size, is_master=False,
                          timeout=timeout)
@@ -119,7 +142,7 @@ def init(backend: str | None = None, device: str | None = None,
          timeout: float | None = None, trace: bool = False) -> Communicator:
     """This process's world Communicator, from what the launcher put in the environment."""
     env = os.environ
-    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    timeout = check_timeout(timeout)
     device = device or env.get("MINIDIST_DEVICE", "cpu")
     if "MINIDIST_SHM" in env and backend in (None, "local"):
         spec = WorldSpec("local", int(env["WORLD_SIZE"]), shm_name=env["MINIDIST_SHM"],
@@ -134,7 +157,7 @@ def init(backend: str | None = None, device: str | None = None,
     if backend == "torch":
         raise RuntimeError("md.init(backend='torch') needs RANK and WORLD_SIZE in the "
                            "environment: start the script with torchrun or minidist run")
-    seg = Segment.create(1)  # a world of one: a plain `python script.py`
+    seg = Segment.create(1, guard=False)  # a world of one: a plain `python script.py`
     seg.unlink()
     return Communicator(LocalTransport(seg, 0), (0,), 0, timeout=timeout,
                         device=_rank_device(device, 0), timeline=Timeline(0, trace))

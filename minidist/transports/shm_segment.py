@@ -17,6 +17,13 @@ reduces in shared memory (``shm_collectives.py``): one slot per rank plus one fo
 Waiting is not busy spinning: a rank that has nothing to do sleeps on its doorbell, a 32-bit
 futex word (Linux) that any peer bumps and wakes after it writes data or frees ring space.
 Where futexes are missing (macOS) the sleep degrades to short naps.
+
+The segment's name must not outlive its creator, whatever kills it, even before every rank
+has attached (when the creator removes the name itself). So before the name exists, the
+creator starts a guard (``_NameGuard``): a ``sh`` in a session of its own that waits on a
+pipe only the creator (and the ranks it forks) hold. When they are all gone, SIGKILL
+included, the pipe closes and the guard removes the name; when the creator removes the
+name itself, it stops the guard.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import mmap
 import os
 import platform
 import secrets
+import subprocess
 import sys
 import time
 
@@ -70,6 +78,8 @@ def _shm_free_bytes() -> int:
 class Segment:
     """The mapped segment; ``create`` makes a new one, ``attach`` maps an existing one."""
 
+    name_guard: _NameGuard | None = None
+
     def __init__(self, name: str, mm: mmap.mmap, world_size: int, ring_bytes: int, owner: bool,
                  scratch_bytes: int = 0):
         self.name, self.mm, self.owner = name, mm, owner
@@ -92,7 +102,9 @@ class Segment:
 
     @classmethod
     def create(cls, world_size: int, ring_bytes: int | None = None,
-               scratch_bytes: int | None = None) -> Segment:
+               scratch_bytes: int | None = None, guard: bool = True) -> Segment:
+        """A new segment; ``guard``: see the module docstring (a world of one, which
+        unlinks at once, goes without)."""
         if not 1 <= world_size <= MAX_WORLD:
             raise ValueError(f"the local backend supports 1 to {MAX_WORLD} ranks, "
                              f"got world_size={world_size}")
@@ -104,16 +116,15 @@ class Segment:
             raise MemoryError(f"/dev/shm has {_shm_free_bytes() >> 20} MiB free, the local "
                               f"backend needs {size >> 20} MiB for {world_size} ranks")
         name = f"/md-{os.getpid()}-{secrets.token_hex(4)}"
-        fd = _shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR)
+        name_guard = _NameGuard.start(name) if guard else None  # before the name exists
         try:
-            os.ftruncate(fd, size)  # sparse: pages are only allocated when touched
-            mm = mmap.mmap(fd, size)
+            mm = _create_mapped(name, size)
         except BaseException:
-            _shm_unlink(name)
+            if name_guard is not None:
+                name_guard.stop()
             raise
-        finally:
-            os.close(fd)
         seg = cls(name, mm, world_size, ring, owner=True, scratch_bytes=scratch_bytes)
+        seg.name_guard = name_guard
         seg.header[_H_WORLD], seg.header[_H_RING] = world_size, ring
         seg.header[_H_SCRATCH] = scratch_bytes
         seg.header[_H_MAGIC] = MAGIC
@@ -140,6 +151,16 @@ class Segment:
     def all_attached(self) -> bool:
         return bool(self.header[_H_ATTACHED:_H_ATTACHED + self.world_size].all())
 
+    def barrier_counts(self) -> list[int]:
+        """How many shared-memory barriers each rank has entered: word 0 of rank k's cache
+        line at the start of the scratch area (``collectives/shared_memory.py``). The
+        launcher reads them to tell that ranks wait at a barrier a returned rank never
+        reached."""
+        if self.scratch_bytes < self.world_size * LINE:
+            return [0] * self.world_size
+        return [self.word64(self.scratch_offset + k * LINE).value
+                for k in range(self.world_size)]
+
     def channel(self, src: int, dst: int) -> int:
         return src * self.world_size + dst
 
@@ -148,7 +169,11 @@ class Segment:
 
     def unlink(self) -> None:
         """Remove the name; the memory lives on until the last process unmaps it."""
-        _shm_unlink(self.name)
+        if self.name:
+            _shm_unlink(self.name)
+        if self.name_guard is not None:
+            self.name_guard.stop()
+            self.name_guard = None
 
     def close(self) -> None:
         self.header = self.buf = None
@@ -178,6 +203,53 @@ class Segment:
     def sleep_on_bell(bell: ctypes.c_uint32, seen: int, seconds: float) -> None:
         """Sleep until ``bell`` differs from ``seen``, it is rung, or ``seconds`` pass."""
         _futex_wait(ctypes.addressof(bell), seen, seconds)
+
+
+def _create_mapped(name: str, size: int) -> mmap.mmap:
+    fd = _shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR)
+    try:
+        os.ftruncate(fd, size)  # sparse: pages are only allocated when touched
+        return mmap.mmap(fd, size)
+    except BaseException:
+        _shm_unlink(name)
+        raise
+    finally:
+        os.close(fd)
+
+
+class _NameGuard:
+    """A ``sh`` that removes ``/dev/shm/<name>`` once the pipe on its stdin closes: when
+    every process holding the write end (the creator and the ranks it forked) is gone."""
+
+    SCRIPT = 'read -r _; rm -f "/dev/shm/$1"'
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+
+    @classmethod
+    def start(cls, name: str) -> _NameGuard | None:
+        if not os.path.isdir("/dev/shm") or not os.path.exists("/bin/sh"):
+            return None  # no /dev/shm (macOS): nothing to guard this way
+        try:
+            proc = subprocess.Popen(["/bin/sh", "-c", cls.SCRIPT, "md-guard", name.lstrip("/")],
+                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            return None
+        return cls(proc)
+
+    def stop(self) -> None:
+        """The creator removed the name itself: end the guard (it would remove no name)."""
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        self.proc.wait()
+        if self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
 
 
 def _align(n: int, a: int) -> int:

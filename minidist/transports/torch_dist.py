@@ -18,23 +18,56 @@ on each other forever. At most 64 messages per rank stay in flight; the 65th sen
 the oldest one to be received.
 
 torch.distributed does not let a rank send to itself; such messages stay in this process.
+
+gloo's tags are 31-bit; ``_wire_tags`` folds (context, tag) into them so that, within one
+communicator, user tags in ``USER_TAGS`` ([-2**27, 2**27)) never share a gloo tag, and user,
+control and collective traffic never do. A user tag outside that range is refused. Split
+communicators are told apart by a hash, so two of them can meet on one gloo tag (about one
+chance in 2**28 per pair of tags in flight at once); the header check then names both.
+
+A process group left to the interpreter's exit aborts the process now and then ("terminate
+called without an active exception", signal 6): gloo's threads meet static destructors. So
+a transport that owns its group also tears it down at exit (``atexit``), for scripts that
+never call ``comm.close()``.
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import sys
 from collections import deque
 
 import torch
 import torch.distributed as dist
 
+from ..errors import CommError
+
 ANY = -1
 _MAX_INFLIGHT = 64  # payload sends kept in flight before waiting on the oldest
+_TAG_BITS = 28
+USER_TAGS = (-(1 << (_TAG_BITS - 1)), 1 << (_TAG_BITS - 1))  # [low, high)
 
 
 def _wire_tags(ctx: int, tag: int) -> tuple[int, int]:
-    base = ((ctx * 1_000_003) ^ (tag * 7919)) & 0x3FFFFFFF
+    """gloo's tags for a message's header and payload: bit 0 tells them apart, bits 1-28
+    hold (a hash of the communicator + tag) mod 2**28, bits 29-30 the kind of context
+    (user, control, collectives: ``ctx % 4``, see ``comm/communicator.py``)."""
+    offset = ((ctx >> 2) * 0x9E3779B1) >> 7  # the communicator (ctx // 4), hashed
+    base = ((ctx & 3) << _TAG_BITS) | ((offset + tag) & ((1 << _TAG_BITS) - 1))
     return 2 * base, 2 * base + 1  # header tag, payload tag
+
+
+def _check_user_tag(ctx: int, tag: int) -> None:
+    if ctx & 3 == 0 and not USER_TAGS[0] <= tag < USER_TAGS[1]:
+        raise ValueError(f"tag {tag} is out of range for the torch backend, which carries "
+                         f"tags in gloo's 31-bit tags: use tags in [{USER_TAGS[0]}, "
+                         f"{USER_TAGS[1]})")
+
+
+def as_timedelta(seconds: float) -> datetime.timedelta:
+    """Seconds for torch.distributed, which cannot take ``inf``: a year stands for it."""
+    return datetime.timedelta(seconds=min(seconds, 365 * 86400.0))
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -68,8 +101,11 @@ class TorchTransport:
         self.self_recvs: list[_Recv] = []
         self.pending: list[_Recv] = []  # receives whose header has not been read yet
         self.inflight: deque = deque()  # (work, payload copy) of payload sends
+        if owns_group:
+            atexit.register(self.close_at_exit)
 
     def isend(self, t: torch.Tensor, dst: int, ctx: int, tag: int, code: int) -> _Send:
+        _check_user_tag(ctx, tag)
         n = t.numel() * t.element_size()
         if dst == self.rank:
             self.self_msgs.append((ctx, tag, code, _bytes(t).clone()))
@@ -88,6 +124,7 @@ class TorchTransport:
         return _Send()
 
     def irecv(self, t: torch.Tensor, src: int, ctx: int, tag: int, code: int) -> _Recv:
+        _check_user_tag(ctx, tag)
         req = _Recv(src, ctx, tag, code, t)
         if src == self.rank:
             self.self_recvs.append(req)
@@ -104,7 +141,7 @@ class TorchTransport:
     def wait(self, req, timeout: float) -> bool:
         """Block until ``req`` is done; False on timeout (gloo then closes the connection,
         so a timed-out transport is not usable any more: the rank reports and stops)."""
-        limit = datetime.timedelta(seconds=max(timeout, 0.001))
+        limit = as_timedelta(max(timeout, 0.001))
         try:
             if isinstance(req, _Send):
                 return True
@@ -146,8 +183,12 @@ class TorchTransport:
         req.source = req.hwork._source_rank() if req.src == ANY else req.src
         req.msg_code, req.msg_nbytes = code, n
         if (ctx, tag) != (req.ctx, req.tag):
-            raise RuntimeError(f"rank {self.rank}: message from rank {req.source} has context "
-                               f"{ctx} tag {tag}, expected {req.ctx} tag {req.tag}")
+            raise CommError(
+                f"world rank {self.rank}: a message from world rank {req.source} for context "
+                f"{ctx}, tag {tag} arrived where one for context {req.ctx}, tag {req.tag} was "
+                f"awaited: the torch backend folds (communicator, tag) into gloo's 31-bit tags "
+                f"and these two met on one (two split communicators using tags at the same "
+                f"time); change the tag on one of them")
         req.mismatch = code != req.code or n != req.nbytes
         target = _bytes(req.buf) if not req.mismatch else torch.empty(
             n, dtype=torch.uint8, device=req.buf.device)  # drain it, then report the mismatch
@@ -175,8 +216,20 @@ class TorchTransport:
         return dist.group.WORLD if name == "process_group" else None
 
     def close(self) -> None:
+        if self.owns_group:
+            atexit.unregister(self.close_at_exit)
         while self.inflight:
             for w in self.inflight.popleft()[0]:
                 w.wait()
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
+
+    def close_at_exit(self) -> None:
+        """``close`` at interpreter exit (see the module docstring); after an uncaught
+        exception, without waiting for the sends still in flight."""
+        if getattr(sys, "last_value", None) is not None:
+            self.inflight.clear()
+        try:
+            self.close()
+        except Exception:  # a peer is gone already: nothing left to tear down cleanly
+            pass

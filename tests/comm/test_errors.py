@@ -128,3 +128,75 @@ def test_timeout_after_any_source_says_what_arrived():
     text = md.launch(_any_then_named, 2, timeout=1.0)[0]
     assert "rank 1 never sent a matching message" in text
     assert "1 message from rank 1 arrived" in text and "ANY_SOURCE" in text, text
+
+
+# -- issue 10, item 7: inputs a launch gets wrong -----------------------------------------------
+def test_minidist_timeout_is_read_at_launch_time(monkeypatch):
+    monkeypatch.setenv("MINIDIST_TIMEOUT", "7.5")  # set after `import minidist`
+    assert md.launch(lambda comm: comm.timeout, 1) == [7.5]
+    monkeypatch.setenv("MINIDIST_TIMEOUT", "")  # empty: the default
+    assert md.launch(lambda comm: comm.timeout, 1) == [60.0]
+    for bad in ("abc", "-3"):
+        monkeypatch.setenv("MINIDIST_TIMEOUT", bad)
+        with pytest.raises(ValueError, match=f"MINIDIST_TIMEOUT='{bad}'"):
+            md.launch(lambda comm: None, 1)
+    assert md.launch(lambda comm: comm.timeout, 1, timeout=2) == [2.0]  # explicit wins
+
+
+def test_invalid_minidist_timeout_does_not_break_import():
+    import os
+    import subprocess
+    import sys
+
+    code = ("import minidist as md\ntry:\n    md.launch(lambda comm: None, 1)\n"
+            "except ValueError as e:\n    print(e)\n")
+    for bad in ("", "abc"):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=60, env=dict(os.environ, MINIDIST_TIMEOUT=bad))
+        assert proc.returncode == 0, proc.stderr
+        assert ("MINIDIST_TIMEOUT='abc' is not a number" in proc.stdout) == (bad == "abc")
+
+
+@pytest.mark.parametrize("kwargs,exc,words", [
+    ({"timeout": "5"}, TypeError, ["timeout must be a number of seconds", "str"]),
+    ({"timeout": float("nan")}, ValueError, ["timeout must be a positive number"]),
+    ({"timeout": True}, TypeError, ["timeout"]),
+    ({"args": 5}, TypeError, ["args must be a tuple", "args=(5,)"]),
+    ({"kwargs": [1]}, TypeError, ["kwargs must be a dict"]),
+    ({"start_method": "thread"}, ValueError, ["start_method must be one of"]),
+])
+def test_bad_launch_inputs_get_clear_errors(kwargs, exc, words):
+    with pytest.raises(exc) as info:
+        md.launch(lambda comm, *a: None, 2, **kwargs)
+    for w in words:
+        assert w in str(info.value), str(info.value)
+
+
+def test_numpy_world_size_and_infinite_timeout_work(backend):
+    import numpy as np
+
+    def fn(comm):
+        comm.sendrecv(torch.ones(2), 1 - comm.rank, torch.empty(2), 1 - comm.rank)
+        return comm.timeout
+
+    out = md.launch(fn, np.int64(2), backend=backend, timeout=float("inf"))
+    assert out == [float("inf")] * 2
+
+
+def test_generator_argument_under_spawn_names_the_argument():
+    """In a subprocess: spawn starts multiprocess's resource tracker, which stays."""
+    import subprocess
+    import sys
+
+    code = ("import minidist as md\n"
+            "gen = (i for i in range(3))\n"
+            "try:\n"
+            "    md.launch(lambda comm, g, k=None: None, 2, args=(gen,), kwargs={'k': 1},\n"
+            "              start_method='spawn')\n"
+            "except TypeError as e:\n"
+            "    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "args[0] (a generator) cannot be sent to the ranks" in proc.stdout, proc.stdout
+    assert "start_method='spawn'" in proc.stdout

@@ -85,3 +85,51 @@ def test_bench_p2p_quick(tmp_path):
     assert [r["bytes"] for r in data["p2p"]][0] == 4
     assert all(r["local_us"] > 0 and r["gloo_us"] > 0 for r in data["p2p"])
     assert (tmp_path / "p2p.png").stat().st_size > 1000
+
+
+NO_CLOSE = textwrap.dedent("""
+    import sys, torch, minidist as md
+    comm = md.init()
+    x = torch.ones(3)
+    for _ in range(3):
+        md.all_reduce(comm, x)
+    print(f"rank {comm.rank} {x.tolist()}", flush=True)
+    if len(sys.argv) > 1:
+        sys.exit(int(sys.argv[1]))
+""")
+
+
+def test_torch_script_exits_cleanly_without_close(tmp_path):
+    """A correct script that never calls comm.close() exits 0 every time (issue 10, item
+    2: it aborted with signal 6 in about half the runs at -n 3)."""
+    path = tmp_path / "no_close.py"
+    path.write_text(NO_CLOSE)
+    codes = []
+    for _ in range(10):
+        proc = _minidist("run", "-n", "3", "--backend", "torch", str(path))
+        codes.append(proc.returncode)
+        assert proc.returncode != 0 or "rank 2 [27.0, 27.0, 27.0]" in proc.stdout
+    assert codes == [0] * 10, codes
+
+
+@pytest.mark.parametrize("backend", ["local", "torch"])
+def test_run_exits_with_the_scripts_status(tmp_path, backend):
+    path = tmp_path / "exit3.py"
+    path.write_text(NO_CLOSE)
+    proc = _minidist("run", "-n", "2", "--backend", backend, str(path), "3")
+    assert proc.returncode == 3, proc.stderr
+    assert "exit code 3" in proc.stderr
+
+
+def test_run_stopped_by_sigterm_stops_ranks(tmp_path):
+    """SIGTERM to `minidist run` stops the ranks, removes the segment, exits 128 + 15."""
+    path = tmp_path / "sleep.py"
+    path.write_text("import time, minidist as md\ncomm = md.init()\nprint('up', flush=True)\n"
+                    "time.sleep(300)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "minidist.cli", "run", "-n", "2", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "up"
+    proc.terminate()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143 and "stopped by SIGTERM" in err
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"md-{proc.pid}-")]
