@@ -32,6 +32,7 @@ from .errors import (
     CommTimeout,
     MessageMismatchError,
     MinidistError,
+    PeerLeftError,
     WorkerError,
 )
 from .faults import inject_delay, slow_rank
@@ -44,7 +45,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ANY_SOURCE", "UNDEFINED", "Communicator", "Request", "CommError", "CommTimeout",
-    "MessageMismatchError", "MinidistError", "WorkerError", "Results", "launch", "init",
+    "MessageMismatchError", "MinidistError", "PeerLeftError", "WorkerError", "Results", "launch",
+    "init",
     "CommStats", "PeerStats", "Timeline", "plot_gantt", "to_chrome_trace",
     "ALL_REDUCE_ALGORITHMS", "CollectiveMismatchError", "all_gather", "all_reduce",
     "all_reduce_coalesced", "all_to_all", "broadcast", "gather", "reduce", "reduce_scatter",

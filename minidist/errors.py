@@ -42,6 +42,24 @@ class CommTimeout(CommError, TimeoutError):
                               self.detail))
 
 
+class PeerLeftError(CommTimeout):
+    """A receive named a rank that has already returned from its function (its transport is
+    closed) without sending a matching message: nothing can arrive any more, so the wait
+    ends at once instead of at the timeout. A ``CommTimeout`` (a wait that cannot end), so
+    code that catches deadlocks catches this too."""
+
+    def __init__(self, op: str, peer: int, tag: int, rank: int, detail: str = ""):
+        self.op, self.peer, self.tag, self.timeout, self.rank = op, peer, tag, 0.0, rank
+        self.detail = detail
+        CommError.__init__(
+            self, f"rank {rank}: {op} from rank {peer} (tag {tag}) can never complete: rank "
+                  f"{peer} has already returned from its function without sending a matching "
+                  "message." + (f" {detail}" if detail else ""))
+
+    def __reduce__(self):
+        return (PeerLeftError, (self.op, self.peer, self.tag, self.rank, self.detail))
+
+
 class MessageMismatchError(CommError, ValueError):
     """Sender and receiver disagree on a message's size or dtype."""
 

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from ..errors import CommTimeout, MessageMismatchError
+from ..errors import CommTimeout, MessageMismatchError, PeerLeftError
 from ..trace import Timeline
 from . import tensors
 from .stats import CommStats
@@ -73,6 +73,10 @@ class Request:
                 done = self.comm._transport.wait(self.raw, limit)
             else:
                 done = self._wait_acknowledging(limit)
+            if not done and getattr(self.raw, "peer_left", False):
+                detail = " ".join(filter(None, [self.comm._history(self.peer),
+                                                self.comm._numbering(self.peer)]))
+                raise PeerLeftError(self.op, self.peer, self.tag, self.comm.rank, detail)
             if not done:
                 detail = self.comm._history(self.peer) if self.is_recv else self._rendezvous()
                 detail = " ".join(filter(None, [detail, self.comm._numbering(self.peer)]))

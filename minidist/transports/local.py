@@ -62,12 +62,12 @@ class RecvRequest:
     payload was discarded and the Communicator raises a clear error)."""
 
     __slots__ = ("src", "ctx", "tag", "code", "ptr", "nbytes", "done", "source",
-                 "msg_code", "msg_nbytes", "mismatch", "keep")
+                 "msg_code", "msg_nbytes", "mismatch", "keep", "peer_left")
 
     def __init__(self, src, ctx, tag, code, ptr, nbytes, keep):
         self.src, self.ctx, self.tag, self.code = src, ctx, tag, code
         self.ptr, self.nbytes, self.keep = ptr, nbytes, keep
-        self.done = self.mismatch = False
+        self.done = self.mismatch = self.peer_left = False
         self.source = self.msg_code = self.msg_nbytes = -1
 
 
@@ -167,7 +167,7 @@ class LocalTransport:
             now = time.perf_counter()
             if now < spin_until:
                 continue
-            if now >= deadline:
+            if now >= deadline or self._sender_left(req):
                 return False
             self.seg.sleep_on_bell(self.my_bell, seen, min(0.05, deadline - now))
 
@@ -323,7 +323,23 @@ class LocalTransport:
         return None
 
     def close(self) -> None:
-        self.tx = self.rx = []
+        with self.lock:
+            self.progress()  # push what is still queued, if the rings have room
+            self.seg.mark_left(self.rank)
+            self.tx = self.rx = []
+
+    def _sender_left(self, req) -> bool:
+        """A receive from a named rank that has closed its transport, with nothing of its
+        left in the ring: no message can come any more (the rank returned from its
+        function). Checked before sleeping, so the receiver learns it at once instead of
+        after the timeout."""
+        if not isinstance(req, RecvRequest) or req.src == ANY or req.src == self.rank \
+                or not self.seg.has_left(req.src):
+            return False
+        with self.lock:
+            self.progress(drain=True)  # whatever it sent before leaving is in the ring
+        req.peer_left = not req.done
+        return req.peer_left
 
 
 class SharedScratch:

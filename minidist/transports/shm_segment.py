@@ -151,6 +151,13 @@ class Segment:
     def all_attached(self) -> bool:
         return bool(self.header[_H_ATTACHED:_H_ATTACHED + self.world_size].all())
 
+    def mark_left(self, rank: int) -> None:
+        """Rank ``rank`` closed its transport: it will send nothing more."""
+        self.header[_H_ATTACHED + rank] = 2
+
+    def has_left(self, rank: int) -> bool:
+        return int(self.header[_H_ATTACHED + rank]) == 2
+
     def barrier_counts(self) -> list[int]:
         """How many shared-memory barriers each rank has entered: word 0 of rank k's cache
         line at the start of the scratch area (``collectives/shared_memory.py``). The

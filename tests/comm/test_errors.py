@@ -87,12 +87,14 @@ def test_deadlock_becomes_comm_timeout(backend):
 
 def test_timeout_names_the_peer():
     def fn(comm):
+        out = None
         if comm.rank == 0:
             try:
                 comm.recv(torch.empty(1), 2, tag=4)
             except md.CommTimeout as e:
-                return e.op, e.peer, e.tag, e.timeout
-        return None
+                out = e.op, e.peer, e.tag, e.timeout
+        comm.barrier()  # rank 2 stays alive (not returned) while rank 0 waits
+        return out
 
     assert md.launch(fn, 3, timeout=0.3)[0] == ("recv", 2, 4, 0.3)
 
@@ -126,7 +128,7 @@ def _any_then_named(comm):
 
 def test_timeout_after_any_source_says_what_arrived():
     text = md.launch(_any_then_named, 2, timeout=1.0)[0]
-    assert "rank 1 never sent a matching message" in text
+    assert "rank 1 has already returned from its function without sending a matching" in text
     assert "1 message from rank 1 arrived" in text and "ANY_SOURCE" in text, text
 
 
@@ -200,3 +202,36 @@ def test_generator_argument_under_spawn_names_the_argument():
     assert proc.returncode == 0, proc.stderr
     assert "args[0] (a generator) cannot be sent to the ranks" in proc.stdout, proc.stdout
     assert "start_method='spawn'" in proc.stdout
+
+
+def _recv_from_returned(comm):
+    if comm.rank == 1:
+        return "gone"
+    start = time.perf_counter()
+    try:
+        comm.recv(torch.empty(3), 1, tag=4)
+    except md.PeerLeftError as e:
+        return str(e), time.perf_counter() - start
+
+
+def test_receive_from_a_rank_that_returned_fails_at_once():
+    """Rank 1 returns without sending: rank 0's receive says so within a moment, not after
+    the whole timeout."""
+    out = md.launch(_recv_from_returned, 2, timeout=30)
+    text, waited = out[0]
+    assert "rank 1 has already returned from its function" in text
+    assert waited < 5
+
+
+def _sent_then_returned(comm):
+    if comm.rank == 1:
+        comm.send(torch.arange(3.0), 0, tag=4)
+        return None
+    time.sleep(0.3)  # rank 1 has surely returned by now; its message is in the ring
+    got = torch.empty(3)
+    comm.recv(got, 1, tag=4)
+    return got.tolist()
+
+
+def test_a_message_sent_before_returning_still_arrives():
+    assert md.launch(_sent_then_returned, 2)[0] == [0.0, 1.0, 2.0]
