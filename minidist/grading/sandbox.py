@@ -10,22 +10,28 @@ closes a bypass at its source, so that no import path or alias reaches around it
   function is replaced by one that raises; ``torch.distributed`` cannot create a process
   group or run a collective.
 - ``SENDRECV``: ``comm.sendrecv`` raises (and a rank's timeline shows any call that got past).
-- ``SAMPLER``, ``BUCKETS``, ``DATA_PARALLEL``, ``FIT``: minidist's and torch's own
-  implementation of what the exercise builds raises.
+- ``SAMPLER``, ``BUCKETS``, ``FIT``, ``PREDICT``: minidist's and torch's own implementation
+  of what the exercise builds raises.
+- ``DATA_PARALLEL``: every method of minidist's data-parallel machinery (DDP, the naive
+  wrapper, the bucket scheduler and its communication thread, buckets, reductions),
+  ``all_reduce_coalesced`` and torch's DDP raise, and ``torch.distributed`` cannot create a
+  process group; ``md.all_reduce`` stays: it is what the learner builds on.
 
 Every refusal raises :class:`NotAllowed`, whose message says what is not allowed and why.
 Every rank also sends with ``comm.eager_limit = 0``: a send waits for its receive, as a large
 message does on a real cluster, so a program that only works because sends are buffered
-deadlocks here as it would there.
+deadlocks here as it would there. :func:`observe` lets a test watch every call of a library
+function the learner may use (``md.all_reduce``), however it was imported.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+import types
 
 COLLECTIVES, SENDRECV, SAMPLER = "collectives", "sendrecv", "sampler"
-BUCKETS, DATA_PARALLEL, FIT = "buckets", "data_parallel", "fit"
+BUCKETS, DATA_PARALLEL, FIT, PREDICT = "buckets", "data_parallel", "fit", "predict"
 EAGER_LIMIT = 0
 NOT_ALLOWED_TEXT = "is not allowed in this exercise"
 
@@ -35,8 +41,10 @@ WHY = {
     SENDRECV: "order comm.send and comm.recv yourself (or post comm.irecv first)",
     SAMPLER: "shard_indices is the sampler's own logic: write it from the description",
     BUCKETS: "assign_buckets is DDP's own rule: write it from the description",
-    DATA_PARALLEL: "average the gradients yourself, with md.all_reduce",
+    DATA_PARALLEL: "you are building data parallelism's mechanism here: register the hooks "
+                   "and call md.all_reduce yourself",
     FIT: "write the least-squares fit yourself (np.linalg.lstsq)",
+    PREDICT: "write the alpha-beta formula yourself",
 }
 _LIBRARY_FUNCTIONS = {  # rule -> modules whose every function is disabled
     COLLECTIVES: ("minidist.collectives.api", "minidist.collectives.allreduce",
@@ -47,13 +55,25 @@ _NAMED_FUNCTIONS = {  # rule -> (module, function)
     SAMPLER: (("minidist.parallel.data.sampler", "shard_indices"),),
     BUCKETS: (("minidist.parallel.data.buckets", "assign_buckets"),),
     FIT: (("minidist.bench.p2p", "fit_alpha_beta"),),
+    PREDICT: (("minidist.collectives.costs", "time"),),
+    DATA_PARALLEL: (("minidist.collectives.api", "all_reduce_coalesced"),
+                    ("minidist.parallel.data.buckets", "assign_buckets"),
+                    ("minidist.parallel.data.buckets", "allreduce_hook")),
 }
-_CLASSES = {  # rule -> (module, class, methods)
+_DATA = "minidist.parallel.data."
+_CLASSES = {  # rule -> (module, class, methods; None: every function the class defines)
     SAMPLER: (("torch.utils.data.distributed", "DistributedSampler", ("__init__", "__iter__")),
               ("minidist.parallel.data.sampler", "DistributedSampler", ("__init__", "__iter__"))),
-    DATA_PARALLEL: (("minidist.parallel.data.ddp", "DistributedDataParallel", ("__init__",)),
-                    ("minidist.parallel.data.naive", "DataParallelNaive", ("__init__",)),
-                    ("minidist.parallel.data.reductions", "Average", ("__init__", "reduce"))),
+    DATA_PARALLEL: ((_DATA + "ddp", "DistributedDataParallel", None),
+                    (_DATA + "naive", "DataParallelNaive", None),
+                    (_DATA + "scheduler", "BucketScheduler", None),
+                    (_DATA + "scheduler", "CommThread", None),
+                    (_DATA + "buckets", "Bucket", None),
+                    (_DATA + "reductions", "Average", None),
+                    (_DATA + "reductions", "CommHook", None),
+                    ("torch.nn.parallel", "DistributedDataParallel", ("__init__",))),
+    PREDICT: (("minidist.transports.network", "Link", ("time",)),
+              ("minidist.collectives.costs", "Terms", ("time",))),
 }
 _TORCH_DISTRIBUTED = (
     "init_process_group", "new_group", "new_subgroups", "init_device_mesh", "all_reduce",
@@ -82,9 +102,11 @@ def forbid(rules) -> None:
             _disable_function(getattr(mod, name), message(f"{module}.{name}", rule))
         for module, name, methods in _CLASSES.get(rule, ()):
             cls = getattr(importlib.import_module(module), name)
+            if methods is None:
+                methods = [k for k, v in vars(cls).items() if isinstance(v, types.FunctionType)]
             for method in methods:
                 setattr(cls, method, _refusal(message(f"{module}.{name}", rule)))
-    if COLLECTIVES in rules:
+    if COLLECTIVES in rules or DATA_PARALLEL in rules:
         _forbid_torch_distributed()
 
 
@@ -123,6 +145,29 @@ def _forbid_torch_distributed() -> None:
         for module in modules:
             if module is not None and hasattr(module, name):
                 setattr(module, name, refusal)
+
+
+_OBSERVED = "__minidist_grader_observed__"
+
+
+def observe(fn, around) -> None:
+    """From now on, in this process, every call of ``fn`` (however it was imported: its code
+    is swapped, as a refusal's is) runs ``around(original, *args, **kwargs)``, which may
+    record the call and must call ``original(*args, **kwargs)`` itself. Calling again
+    replaces ``around``."""
+    table = fn.__globals__.setdefault(_OBSERVED, {})
+    name = fn.__name__
+    if name not in table:
+        original = types.FunctionType(fn.__code__, fn.__globals__, name, fn.__defaults__,
+                                      fn.__closure__)
+        original.__kwdefaults__ = fn.__kwdefaults__
+        source = (f"def {name}(*args, **kwargs):\n    original, around = {_OBSERVED}[{name!r}]\n"
+                  "    return around(original, *args, **kwargs)\n")
+        namespace: dict = {}
+        exec(compile(source, "<observed>", "exec"), {}, namespace)
+        fn.__code__, fn.__defaults__, fn.__kwdefaults__ = namespace[name].__code__, None, None
+        table[name] = (original, around)
+    table[name] = (table[name][0], around)
 
 
 class _SealedGrading:

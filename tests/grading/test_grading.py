@@ -157,9 +157,9 @@ def test_editing_deleting_or_reordering_test_cells_changes_nothing(tmp_path, cap
     out_json = tmp_path / "grades.json"
     assert cli_main(["grade", path, "--json", str(out_json)]) == 0
     table = capsys.readouterr().out
-    assert "total: 5 / 7 points" in table
+    assert "total: 5 / 8 points" in table  # predict_transfer_time is not in this notebook
     result = json.loads(out_json.read_text())
-    assert result["earned"] == 5 and result["points"] == 7
+    assert result["earned"] == 5 and result["points"] == 8
     tests = {t["grade_id"]: t for t in result["notebooks"][0]["tests"]}
     assert tests["test_ring_shift"]["earned"] == 0
     assert "rank 0: 1 of 1 values wrong" in tests["test_ring_shift"]["feedback"]
@@ -174,7 +174,7 @@ def test_a_hang_costs_only_the_tests_that_call_it(tmp_path):
              v4.new_code_cell(src["ping_pong"]), v4.new_code_cell(looping_fit))
     report = grade_notebook(_write(tmp_path, nb), timeout=5)
     assert _earned(report) == {"test_ring_shift": 2, "test_ping_pong": 3,
-                               "test_fit_alpha_beta": 0}
+                               "test_fit_alpha_beta": 0, "test_predict_transfer_time": 0}
     assert "fit_alpha_beta did not return within 5 s" in report.results[2]["feedback"]
 
 

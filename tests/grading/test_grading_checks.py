@@ -22,12 +22,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def solution_namespace(name: str) -> dict:
-    """Run the setup and solution cells of solutions/<name>.ipynb; return their globals."""
+    """Run the setup cell and the solution cells that define what the stored tests need
+    (each such cell's grade_id names its function) of solutions/<name>.ipynb; return their
+    globals."""
     nb = nbformat.read(str(ROOT / "solutions" / f"{name}.ipynb"), as_version=4)
+    needed = {"setup"} | {n for t in stored_tests(name).values() for n in t.needs}
     ns: dict = {}
     for cell in nb.cells:
         meta = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "setup"):
+        if cell.cell_type == "code" and meta.get("grade_id") in needed:
             exec(compile(cell.source, f"<{meta['grade_id']}>", "exec"), ns)
     return ns
 
@@ -155,10 +158,13 @@ def contiguous_shards(n, rank, world_size, shuffle=True, seed=0, epoch=0):
     return idx[rank * per:(rank + 1) * per]
 
 
-def summed_gradients(comm, model):
+def summed_gradient_hooks(model, comm):
+    def add_up(param):
+        md.all_reduce(comm, param.grad, op="sum")
+
     for p in model.parameters():
-        if p.grad is not None:
-            md.all_reduce(comm, p.grad, op="sum")
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(add_up)
 
 
 def forward_buckets(sizes, cap):
@@ -176,7 +182,7 @@ def test_feedback_for_exercise_02():
     text = feedback("02_data_parallel", "test_shard_indices", contiguous_shards)
     assert "rank 0 got [0, 1, 2, 3], expected [0, 3, 6, 9]" in text
     assert "indices[rank::world_size]" in text
-    text = feedback("02_data_parallel", "test_average_gradients", summed_gradients)
+    text = feedback("02_data_parallel", "test_register_allreduce_hooks", summed_gradient_hooks)
     assert "2 times too large" in text and "divide by world_size" in text
     text = feedback("02_data_parallel", "test_assign_buckets", forward_buckets)
     assert "fill buckets in reverse order" in text

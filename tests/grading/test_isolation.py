@@ -88,3 +88,42 @@ def test_forbidden_library_calls_raise_with_the_reason():
     import minidist as md
 
     assert md.all_reduce.__code__.co_name == "all_reduce"  # this process is untouched
+
+
+def _data_parallel_rules_and_a_watched_all_reduce():
+    import minidist as md
+    from minidist.collectives import api
+
+    sandbox.forbid([sandbox.DATA_PARALLEL, sandbox.PREDICT])
+    out = []
+    for call in (lambda: md.DistributedDataParallel(torch.nn.Linear(1, 1), None),
+                 lambda: md.all_reduce_coalesced(None, [torch.ones(1)]),
+                 lambda: md.Link(alpha=1e-6, bandwidth=1e9).time(8)):
+        try:
+            call()
+            out.append("allowed")
+        except RuntimeError as e:
+            out.append(str(e))
+    seen = []
+
+    def around(original, comm, t, *args, **kwargs):
+        seen.append(t.numel())
+        return original(comm, t, *args, **kwargs)
+
+    sandbox.observe(api.all_reduce, around)
+
+    def rank(comm):  # a rank forked after observe: its md.all_reduce is watched too
+        return md.all_reduce(comm, torch.ones(5)).tolist(), seen
+
+    return out, md.launch(rank, 1)[0]
+
+
+def test_data_parallel_rules_keep_md_all_reduce_and_it_can_be_watched():
+    refused, (five, seen) = run_in_child(_data_parallel_rules_and_a_watched_all_reduce)
+    assert all(sandbox.NOT_ALLOWED_TEXT in text for text in refused), refused
+    assert "DistributedDataParallel" in refused[0] and "all_reduce_coalesced" in refused[1]
+    assert "Link" in refused[2]
+    assert five == [1.0] * 5 and seen == [5]
+    from minidist.collectives import api
+
+    assert "__minidist_grader_observed__" not in vars(api)  # this process is untouched

@@ -42,7 +42,11 @@ def test_there_are_typical_wrong_answers_of_every_kind():
                  "ag_send_before_recv", "naive_api_all_reduce", "shard_torch_sampler",
                  "buckets_library", "hooks_print_and_display_grades", "patch_grading_modules",
                  "forged_result_files", "ring_rows_not_flattened", "pong_no_barrier",
-                 "shard_pads_once", "shift_sendrecv", "naive_all_reduce_coalesced"):
+                 "shard_pads_once", "shift_sendrecv", "naive_all_reduce_coalesced",
+                 "predict_no_latency", "hd_recursive_doubling", "hd_library",
+                 "hooks_after_backward", "hooks_naive_wrapper", "bucket_when_ready_in_any_order",
+                 "bucket_per_parameter", "overlap_hook_waits", "overlap_never_waits",
+                 "overlap_on_backward_thread"):
         assert kind in names
     assert len(WRONG) >= 50
 

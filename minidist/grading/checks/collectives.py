@@ -1,23 +1,35 @@
 """Tests of exercise 01: naive all_reduce, ring reduce-scatter, ring all-gather, ring
 all_reduce, on world sizes 1 to 5, lengths that do not divide evenly and 2-D tensors, with
-the bytes each rank sent checked against the formulas. minidist's and torch's collectives
-are out of reach while they run (``sandbox.COLLECTIVES``)."""
+the bytes each rank sent checked against the formulas; and the stretch part, halving-doubling
+all_reduce on world sizes 1 to 8 (powers of two), with its messages (2 lg p per rank, to
+its lg p hypercube neighbours) and bytes (``costs.bytes_sent``). minidist's and torch's
+collectives are out of reach while they run (``sandbox.COLLECTIVES``)."""
 
 from __future__ import annotations
 
 import torch
 
+from ...collectives import costs
 from ..feedback import Mistake, compare
 from ..registry import GradedTest
 from ..sandbox import COLLECTIVES
-from .harness import contributors, pattern
+from .harness import contributors, pattern, traffic_text
 
 WORLD_SIZES = (1, 2, 3, 4, 5)
 CASES_1D = [(7, torch.float32), (1000, torch.float64), (2, torch.int64), (1, torch.float32),
             (0, torch.float32)]
 CASES_2D = [((4, 3), torch.float32), ((3, 5), torch.float64)]
+POWERS_OF_TWO = (1, 2, 4, 8)
+CASES_HD = [(1000, torch.float64), (13, torch.float32), (6, torch.int64), (0, torch.float32),
+            ((4, 6), torch.float32)]
 HINTS = {
     "naive": "", "ring_all_reduce": "",
+    "halving_doubling": ". In each halving round partners (ranks whose numbers differ in one "
+                        "bit) split the range of chunks they are both working on: each keeps "
+                        "one half, sends the other, and adds what it receives into the half it "
+                        "keeps, so after lg p rounds each rank holds one chunk summed over "
+                        "every rank; the doubling replays the rounds in reverse, partners "
+                        "swapping the ranges they hold complete",
     "reduce_scatter": ". Follow one chunk around the ring: at each step a rank adds its own "
                       "part to the partial sum it received and passes it on; after p-1 steps "
                       "the sum ends on one rank, which must be the chunk's owner (chunk r on "
@@ -31,7 +43,9 @@ KINDS = {  # kind: (function name, cases)
     "reduce_scatter": ("ring_reduce_scatter", CASES_1D),
     "all_gather": ("ring_all_gather", CASES_1D),
     "ring_all_reduce": ("ring_all_reduce", CASES_1D + CASES_2D),
+    "halving_doubling": ("halving_doubling_all_reduce", CASES_HD),
 }
+IN_PLACE = ("naive", "ring_all_reduce", "halving_doubling")  # they take t, not chunks
 
 
 def _case(comm, namespace, kind, n, dtype):
@@ -42,7 +56,7 @@ def _case(comm, namespace, kind, n, dtype):
         for j, c in enumerate(chunks):
             if j != comm.rank:
                 c.fill_(-1)  # not known yet: the all-gather must fill it
-    namespace[KINDS[kind][0]](comm, t if kind in ("naive", "ring_all_reduce") else chunks)
+    namespace[KINDS[kind][0]](comm, t if kind in IN_PLACE else chunks)
     if kind == "reduce_scatter":
         return chunks[comm.rank]
     return torch.cat(chunks) if kind == "all_gather" else t
@@ -61,9 +75,9 @@ def _label(p, n, dtype) -> str:
     return f"world_size={p}, {size}, dtype={str(dtype)[6:]}"
 
 
-def _run_all(learner, kind, expected_bytes) -> None:
+def _run_all(learner, kind, expected_bytes, world_sizes=WORLD_SIZES) -> None:
     name, cases = KINDS[kind]
-    for p in WORLD_SIZES:
+    for p in world_sizes:
         labels = [_label(p, n, dtype) for n, dtype in cases]
         ranks = learner.run_ranks(_case, p, [(kind, n, d) for n, d in cases], name, labels)
         for k, ((n, dtype), case) in enumerate(zip(cases, labels)):
@@ -184,6 +198,34 @@ def check_ring_all_reduce(learner) -> str:
     return "right sums with 2(p-1)/p·n bytes per rank on world sizes 1 to 5, 1-D and 2-D"
 
 
+# -- halving-doubling (stretch) -------------------------------------------------------------
+def _halving_doubling_traffic(rank, p, nbytes, sizes, stats, case, shape_hint) -> None:
+    partners = sorted(rank ^ (1 << k) for k in range(p.bit_length() - 1))
+    sent = stats["messages_to"]
+    if set(sent) - set(partners) or (min(sizes) > 0 and sent != {q: 2 for q in partners}):
+        raise Mistake(
+            f"with {case}: rank {rank} sent {traffic_text(stats)}; in halving-doubling rank "
+            f"{rank} talks only to the ranks whose number differs from its own in one bit "
+            f"({partners}), one message to each in the halving and one in the doubling: "
+            f"2 lg p = {2 * len(partners)} messages")
+    exact = len(set(sizes)) == 1  # p divides the length: the formula holds to the byte
+    # else: the halving gives away all but one chunk, the doubling sends at most 2^k chunks
+    most = costs.bytes_sent("halving_doubling", nbytes, 1, p, rank) if exact \
+        else nbytes - min(sizes) + (p - 1) * max(sizes)
+    if stats["bytes_sent"] > most:
+        raise Mistake(
+            f"with {case}: rank {rank} sent {stats['bytes_sent']} bytes, more than the "
+            f"{'' if exact else 'at most '}{most} bytes of halving-doubling (2(p-1)/p·n, "
+            f"n = {nbytes} bytes): in a halving round send only the half you give away, in a "
+            f"doubling round only the range you hold complete{shape_hint}")
+
+
+def check_halving_doubling_all_reduce(learner) -> str:
+    _run_all(learner, "halving_doubling", _halving_doubling_traffic, POWERS_OF_TWO)
+    return ("right sums on 1, 2, 4 and 8 ranks, 2 lg p messages and 2(p-1)/p·n bytes per "
+            "rank, 1-D and 2-D")
+
+
 TESTS = [
     GradedTest("test_naive_all_reduce", 2, ("naive_all_reduce",), check_naive_all_reduce,
                (COLLECTIVES,)),
@@ -193,4 +235,6 @@ TESTS = [
                (COLLECTIVES,)),
     GradedTest("test_ring_all_reduce", 3, ("ring_all_reduce",), check_ring_all_reduce,
                (COLLECTIVES,)),
+    GradedTest("test_halving_doubling_all_reduce", 3, ("halving_doubling_all_reduce",),
+               check_halving_doubling_all_reduce, (COLLECTIVES,), part="stretch"),
 ]

@@ -1,21 +1,22 @@
-"""Tests of exercise 02: the sampler's shards, the gradient average, bucket assignment.
+"""Tests of exercise 02: the sampler's shards and bucket assignment (here), and the stages
+of data parallelism's mechanism, hooks, buckets and overlap (``ddp_stages.py``).
 
 References are the real systems: ``torch.utils.data.DistributedSampler`` for the shards,
-single-process big-batch gradients for the average, and the bucket assignment of
-``md.DistributedDataParallel`` (``minidist.parallel.data.buckets.assign_buckets``, the rule
-of PyTorch's
-``_compute_bucket_assignment_by_size`` for one dtype)."""
+the bucket assignment of ``md.DistributedDataParallel``
+(``minidist.parallel.data.buckets.assign_buckets``, the rule of PyTorch's
+``_compute_bucket_assignment_by_size`` for one dtype), and one process training on the
+whole batch for the stages."""
 
 from __future__ import annotations
 
 import torch
-from torch import nn
 from torch.utils.data import DistributedSampler
 
 from ...parallel.data.buckets import assign_buckets
 from ..feedback import Mistake
 from ..registry import GradedTest
-from ..sandbox import BUCKETS, DATA_PARALLEL, SAMPLER
+from ..sandbox import BUCKETS, SAMPLER
+from .ddp_stages import TESTS as STAGES
 
 # -- the sampler's shards ---------------------------------------------------------------------
 SHARD_CASES = [(10, 3, False, 0, 0), (12, 4, False, 0, 0), (10, 3, True, 0, 0),
@@ -85,90 +86,6 @@ def _shard_hint(got, want, n, p, order) -> str:
     return "without shuffling, the indices are 0, 1, ..., n-1 (padded), split by rank"
 
 
-# -- the gradient average ---------------------------------------------------------------------
-BATCH = 12  # divisible by every world size tested, so shards are equal
-
-
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)).double()
-    model[0].bias.requires_grad_(False)  # frozen: its .grad stays None
-    return model
-
-
-def _batch():
-    g = torch.Generator().manual_seed(1)
-    return (torch.randn(BATCH, 5, generator=g, dtype=torch.float64),
-            torch.randn(BATCH, 3, generator=g, dtype=torch.float64))
-
-
-def _grads(model, x, y) -> dict:
-    model.zero_grad()
-    nn.functional.mse_loss(model(x), y).backward()
-    return {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
-
-
-def _average_case(comm, namespace):
-    return _average_body(comm, namespace["average_gradients"])
-
-
-def _grad_pair(value, full) -> tuple[dict, dict]:
-    """(gradients before, after) as the rank returned them, checked to be what the
-    rank's own test code sends (two dicts of parameter name to tensor or None)."""
-    if not (isinstance(value, (list, tuple)) and len(value) == 2 and
-            all(isinstance(d, dict) and set(d) == set(full) for d in value)):
-        raise Mistake("the ranks' gradients did not come back (did average_gradients replace "
-                      "the model's parameters?)")
-    return value[0], value[1]
-
-
-def _average_body(comm, average_gradients):
-    model, (x, y) = _model(), _batch()
-    shard = slice(comm.rank * BATCH // comm.world_size, (comm.rank + 1) * BATCH // comm.world_size)
-    local = _grads(model, x[shard], y[shard])
-    average_gradients(comm, model)
-    after = {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
-    return local, after
-
-
-def check_average_gradients(learner) -> str:
-    runs = {p: learner.run_ranks(_average_case, p, [()], "average_gradients",
-                                 [f"world_size={p}"]) for p in (1, 2, 3, 4)}
-    model, (x, y) = _model(), _batch()
-    full = _grads(model, x, y)  # the oracle, computed once the learner's code has run
-    for p, ranks in runs.items():
-        for rank, results in enumerate(ranks):
-            local, after = _grad_pair(results[0]["value"], full)
-            for name, want in full.items():
-                _check_grad(after[name], want, local[name], name, rank, p)
-    return ("every rank ends with the full-batch gradient on world sizes 1 to 4 "
-            "(frozen parameters left alone)")
-
-
-def _check_grad(got, want, local, name, rank, p) -> None:
-    where = f"with world_size={p}: rank {rank}, parameter {name}"
-    if want is None:
-        if got is not None:
-            raise Mistake(f"{where} is frozen (requires_grad=False) and had no gradient, but "
-                          "now has one: skip parameters whose .grad is None")
-        return
-    if got is None:
-        raise Mistake(f"{where}: .grad is None after average_gradients; average it in place")
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-        raise Mistake(f"{where}: .grad is {got!r:.80} after average_gradients, expected a "
-                      f"tensor of shape {tuple(want.shape)}")
-    if torch.allclose(got, want, rtol=1e-9, atol=1e-12):
-        return
-    if p > 1 and torch.allclose(got, want * p, rtol=1e-9, atol=1e-12):
-        hint = f"it is {p} times too large: you summed the gradients; divide by world_size"
-    elif p > 1 and torch.allclose(got, local, rtol=1e-9, atol=1e-12):
-        hint = "it is still this rank's own gradient: all-reduce it across the ranks"
-    else:
-        err = (got - want).abs().max().item()
-        hint = f"it differs from the full-batch gradient by up to {err:.3g}"
-    raise Mistake(f"{where}: {hint}")
-
-
 # -- bucket assignment -----------------------------------------------------------------------
 BUCKET_CASES = [  # (parameter sizes in bytes, cap in bytes)
     ([4000] * 10, 10_000), ([400, 4_000_000, 40, 40, 40_000], 50_000),
@@ -216,10 +133,10 @@ def _bucket_hint(got, want, sizes, cap) -> str:
             "bucket closes at the end")
 
 
-TESTS = [
+TESTS = [  # in notebook order
     GradedTest("test_shard_indices", 2, ("shard_indices",), check_shard_indices, (SAMPLER,)),
-    GradedTest("test_average_gradients", 3, ("average_gradients",), check_average_gradients,
-               (DATA_PARALLEL,)),
-    GradedTest("test_assign_buckets", 3, ("assign_buckets",), check_assign_buckets,
+    STAGES[0],  # register_allreduce_hooks
+    GradedTest("test_assign_buckets", 2, ("assign_buckets",), check_assign_buckets,
                (BUCKETS,)),
+    *STAGES[1:],  # register_bucket_hooks, register_overlapped_hooks (stretch)
 ]

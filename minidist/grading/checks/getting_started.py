@@ -1,14 +1,16 @@
-"""Tests of exercise 00: ``ring_shift``, ``ping_pong`` and ``fit_alpha_beta``."""
+"""Tests of exercise 00: ``ring_shift``, ``ping_pong``, ``fit_alpha_beta`` and
+``predict_transfer_time``."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
 
 from ..feedback import Mistake, compare
 from ..registry import GradedTest
-from ..sandbox import COLLECTIVES, FIT, SENDRECV
+from ..sandbox import COLLECTIVES, FIT, PREDICT, SENDRECV
 from .harness import pattern, traffic_text
 
 RING_CASES = [(1, torch.float32), (5, torch.int64), (1000, torch.float64), (0, torch.float32),
@@ -234,8 +236,51 @@ def _fit_hint(a, b, alpha, beta) -> str:
     return "fit t = alpha + n / beta by least squares: np.linalg.lstsq on the columns [1, n]"
 
 
+# -- predict a transfer ----------------------------------------------------------------------
+PREDICT_CASES = [  # (nbytes, alpha seconds, beta bytes/s): the first has every term visible
+    (1000, 1e-3, 2.5e7), (4 << 20, 8e-6, 2.4e10), (1, 2e-6, 8e9), (0, 1e-5, 1e9),
+    (10**9, 0.0, 1.25e10)]
+
+
+def check_predict_transfer_time(learner) -> str:
+    labels = [f"nbytes={n}, alpha={a:g} s, beta={b:g} bytes/s" for n, a, b in PREDICT_CASES]
+    results = learner.call_each("predict_transfer_time", list(PREDICT_CASES), labels)
+    for (n, a, b), case, got in zip(PREDICT_CASES, labels, results):
+        t, want = _number(got, case), a + n / b
+        if not math.isclose(t, want, rel_tol=1e-9, abs_tol=1e-15):
+            raise Mistake(f"with {case}: got {t:g} s, expected {want:g} s; "
+                          f"{_predict_hint(t, n, a, b)}")
+    return f"alpha + nbytes / beta in {len(PREDICT_CASES)} cases"
+
+
+def _number(got, case) -> float:
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = got.item()
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        raise Mistake(f"with {case}: predict_transfer_time returned {got!r:.80}, expected the "
+                      "time in seconds (a float)")
+    return float(got)
+
+
+def _predict_hint(t, n, a, b) -> str:
+    near = lambda x: math.isclose(t, x, rel_tol=1e-6)  # noqa: E731
+    if near(n / b):
+        return "the latency alpha is missing: every message pays it, however small"
+    if near(a + n * b):
+        return "beta is a bandwidth in bytes per second: the size divided by it is seconds"
+    if near(a + 8 * n / b):
+        return "nbytes and beta are both in bytes: no factor 8"
+    if near(2 * (a + n / b)):
+        return "that is a round trip: one message, one way, takes alpha + n / beta"
+    if near((a + n / b) * 1e6) or near((a + n / b) * 1e3):
+        return "return seconds, not micro- or milliseconds"
+    return "a message of n bytes takes alpha + n / beta seconds in the alpha-beta model"
+
+
 TESTS = [
     GradedTest("test_ring_shift", 2, ("ring_shift",), check_ring_shift, (COLLECTIVES, SENDRECV)),
     GradedTest("test_ping_pong", 3, ("ping_pong",), check_ping_pong, (COLLECTIVES,)),
     GradedTest("test_fit_alpha_beta", 2, ("fit_alpha_beta",), check_fit_alpha_beta, (FIT,)),
+    GradedTest("test_predict_transfer_time", 1, ("predict_transfer_time",),
+               check_predict_transfer_time, (PREDICT,)),
 ]

@@ -45,6 +45,7 @@ def notebook(wrong: Wrong, root: pathlib.Path = ROOT):
 
 
 def all_wrong() -> list[Wrong]:
-    from . import bypasses, exercise_00, exercise_01, exercise_02
+    from . import bypasses, exercise_00, exercise_01, exercise_02, exercise_02_buckets
 
-    return [*exercise_00.WRONG, *exercise_01.WRONG, *exercise_02.WRONG, *bypasses.WRONG]
+    return [*exercise_00.WRONG, *exercise_01.WRONG, *exercise_02.WRONG,
+            *exercise_02_buckets.WRONG, *bypasses.WRONG]

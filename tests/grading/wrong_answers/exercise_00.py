@@ -17,6 +17,11 @@ def fit(body: str) -> dict:
     return {"fit_alpha_beta": "def fit_alpha_beta(sizes, seconds):\n" + body}
 
 
+def predict(body: str) -> dict:
+    return {"predict_transfer_time": "def predict_transfer_time(nbytes, alpha, beta):\n" + body}
+
+
+PREDICT = "test_predict_transfer_time"
 RIGHT = "    right, left = (comm.rank + 1) % comm.world_size, (comm.rank - 1) % comm.world_size\n"
 PONG_LOOP = """\
     buf = torch.zeros(nbytes, dtype=torch.uint8)
@@ -152,4 +157,23 @@ WRONG = [
     from minidist.bench.p2p import fit_alpha_beta as theirs
     return theirs(sizes, seconds)
 """), {"test_fit_alpha_beta": "minidist.bench.p2p.fit_alpha_beta is not allowed"}),
+    Wrong("predict_no_latency", EX, predict("    return nbytes / beta\n"),
+          {PREDICT: "the latency alpha is missing"}),
+    Wrong("predict_times_beta", EX, predict("    return alpha + nbytes * beta\n"),
+          {PREDICT: "beta is a bandwidth in bytes per second"}),
+    Wrong("predict_bits", EX, predict("    return alpha + 8 * nbytes / beta\n"),
+          {PREDICT: "no factor 8"}),
+    Wrong("predict_round_trip", EX, predict("    return 2 * (alpha + nbytes / beta)\n"),
+          {PREDICT: "that is a round trip"}),
+    Wrong("predict_microseconds", EX, predict("    return (alpha + nbytes / beta) * 1e6\n"),
+          {PREDICT: "return seconds"}),
+    Wrong("predict_link_time", EX, predict("""\
+    return md.Link(alpha=alpha, bandwidth=beta).time(nbytes)
+"""), {PREDICT: "minidist.transports.network.Link is not allowed"}),
+    Wrong("predict_costs_terms", EX, predict("""\
+    from minidist.collectives.costs import Terms
+    return Terms(1, nbytes).time(alpha, beta)
+"""), {PREDICT: "minidist.collectives.costs.Terms is not allowed"}),
+    Wrong("predict_numpy_scalar", EX, predict("    return np.float64(alpha) + nbytes / beta\n"),
+          passes=True),
 ]

@@ -25,6 +25,29 @@ def ring(body: str) -> dict:
     return {"ring_all_reduce": "def ring_all_reduce(comm, t):\n" + body}
 
 
+HD = "test_halving_doubling_all_reduce"
+HALVING = """\
+    p, r = comm.world_size, comm.rank
+    flat = t.view(-1)
+    sizes = [c.numel() for c in flat.tensor_split(p)]
+    start = [sum(sizes[:k]) for k in range(p + 1)]
+    chunks = lambda lo, hi: flat[start[lo]:start[hi]]
+    lo, hi, bit = 0, p, p // 2
+    while bit:
+        mid = (lo + hi) // 2
+        keep, give = ((lo, mid), (mid, hi)) if r & bit == 0 else ((mid, hi), (lo, mid))
+        received = torch.empty_like(chunks(*keep))
+        comm.sendrecv(chunks(*give), r ^ bit, received, r ^ bit)
+        chunks(*keep).add_(received)
+        (lo, hi), bit = keep, bit // 2
+"""
+
+
+def hd(body: str) -> dict:
+    return {"halving_doubling_all_reduce":
+            "def halving_doubling_all_reduce(comm, t):\n" + body}
+
+
 WRONG = [
     Wrong("naive_root_never_sends_back", EX, naive("""\
     if comm.rank == 0:
@@ -181,4 +204,57 @@ WRONG = [
     comm.stats.reset()
     return t
 """), {RING: "comm.stats does not match"}),
+    Wrong("hd_recursive_doubling", EX, hd("""\
+    buf, bit = torch.empty_like(t), 1
+    while bit < comm.world_size:
+        comm.sendrecv(t, comm.rank ^ bit, buf, comm.rank ^ bit)
+        t += buf
+        bit *= 2
+    return t
+"""), {HD: "2 lg p = 2 messages"}),
+    Wrong("hd_halving_only", EX, hd(HALVING + "    return t\n"),
+          {HD: "missing rank(s) [1]. In each halving round"}),
+    Wrong("hd_doubling_sends_everything", EX, hd(HALVING + """\
+    bit, whole = 1, torch.empty_like(flat)
+    while bit < p:
+        comm.sendrecv(flat, r ^ bit, whole, r ^ bit)
+        other = (lo - (hi - lo), lo) if r & bit else (hi, hi + (hi - lo))
+        chunks(*other).copy_(whole[start[other[0]]:start[other[1]]])
+        lo, hi, bit = min(lo, other[0]), max(hi, other[1]), bit * 2
+    return t
+"""), {HD: "more than the 8000 bytes of halving-doubling"}),
+    Wrong("hd_send_before_recv", EX, hd("""\
+    p, r, bit = comm.world_size, comm.rank, comm.world_size // 2
+    flat = t.view(-1)
+    while bit:
+        half = flat.numel() // 2
+        comm.send(flat[:half].clone(), r ^ bit)
+        comm.recv(flat[half:].clone(), r ^ bit)
+        bit //= 2
+    return t
+"""), {HD: "deadlock in halving_doubling_all_reduce at `comm.send(flat[:half].clone()"}),
+    Wrong("hd_library", EX, hd("""\
+    from minidist.collectives.allreduce import halving_doubling
+    return halving_doubling(comm, t.view(-1), "sum")
+"""), {HD: "minidist.collectives.allreduce.halving_doubling is not allowed"}),
+    Wrong("hd_md_all_reduce", EX, hd("""\
+    return md.all_reduce(comm, t, algorithm="halving_doubling")
+"""), {HD: LIBRARY}),
+    Wrong("hd_halves_of_elements", EX, hd("""\
+    p, r, flat = comm.world_size, comm.rank, t.view(-1)
+    lo, hi, bit, given = 0, flat.numel(), p // 2, []
+    while bit:
+        mid = (lo + hi) // 2
+        keep, give = ((lo, mid), (mid, hi)) if r & bit == 0 else ((mid, hi), (lo, mid))
+        received = torch.empty_like(flat[keep[0]:keep[1]])
+        comm.sendrecv(flat[give[0]:give[1]], r ^ bit, received, r ^ bit)
+        flat[keep[0]:keep[1]] += received
+        given.append(give)
+        (lo, hi), bit = keep, bit // 2
+    bit = 1
+    for other in reversed(given):
+        comm.sendrecv(flat[lo:hi], r ^ bit, flat[other[0]:other[1]], r ^ bit)
+        lo, hi, bit = min(lo, other[0]), max(hi, other[1]), bit * 2
+    return t
+"""), passes=True),
 ]

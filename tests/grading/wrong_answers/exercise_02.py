@@ -3,7 +3,7 @@
 from . import Wrong
 
 EX = "02_data_parallel"
-SHARD, AVG, BUCKETS = "test_shard_indices", "test_average_gradients", "test_assign_buckets"
+SHARD, HOOKS, BUCKETS = "test_shard_indices", "test_register_allreduce_hooks", "test_assign_buckets"
 ORDER = """\
     if shuffle:
         g = torch.Generator()
@@ -20,10 +20,11 @@ def shard(body: str) -> dict:
             "def shard_indices(n, rank, world_size, shuffle=True, seed=0, epoch=0):\n" + body}
 
 
-def average(body: str) -> dict:
-    return {"average_gradients": "def average_gradients(comm, model):\n" + body}
+def hooks(body: str) -> dict:
+    return {"register_allreduce_hooks": "def register_allreduce_hooks(model, comm):\n" + body}
 
 
+END_OF_BACKWARD = "torch.autograd.Variable._execution_engine.queue_callback"
 def buckets(body: str) -> dict:
     return {"assign_buckets": "def assign_buckets(sizes, cap):\n" + body}
 
@@ -60,22 +61,70 @@ WRONG = [
         indices += indices[: total - len(indices)]
     return torch.tensor(indices[rank:total:world_size], dtype=torch.int64)
 """), passes=True),
-    Wrong("average_no_division", EX, average("""\
+    Wrong("average_no_division", EX, hooks("""\
+    def add_up(param):
+        md.all_reduce(comm, param.grad, op="sum")
+
     for param in model.parameters():
-        if param.grad is not None:
-            md.all_reduce(comm, param.grad, op="sum")
-"""), {AVG: "2 times too large"}),
-    Wrong("average_nothing", EX, average("    pass\n"),
-          {AVG: "still this rank's own gradient"}),
-    Wrong("average_frozen_too", EX, average("""\
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(add_up)
+"""), {HOOKS: "2 times too large"}),
+    Wrong("hooks_return_the_tensor", EX, hooks("""\
     for param in model.parameters():
-        if param.grad is None:
-            param.grad = torch.zeros_like(param)
-        md.all_reduce(comm, param.grad, op="avg")
-"""), {AVG: "is frozen"}),
-    Wrong("average_ddp", EX, average("""\
-    md.DistributedDataParallel(model, comm)
-"""), {AVG: "DistributedDataParallel is not allowed"}),
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(
+                lambda p: md.all_reduce(comm, p.grad, op="avg"))
+"""), {HOOKS: "post accumulate grad hooks should return None"}),
+    Wrong("hooks_nothing", EX, hooks("    pass\n"), {HOOKS: "still this rank's own gradient"}),
+    Wrong("hooks_frozen_too", EX, hooks("""\
+    for param in model.parameters():
+        param.register_post_accumulate_grad_hook(
+            lambda p: md.all_reduce(comm, p.grad, op="avg") and None)
+"""), {HOOKS: "cannot register a hook on a tensor that doesn't require gradient"}),
+    Wrong("hooks_after_backward", EX, hooks(f"""\
+    def average_all():
+        for param in model.parameters():
+            if param.grad is not None:
+                md.all_reduce(comm, param.grad, op="avg")
+
+    last = [p for p in model.parameters() if p.requires_grad][-1]
+    last.register_hook(lambda grad: {END_OF_BACKWARD}(average_all))
+"""), {HOOKS: "the first all-reduce started only once backward had computed every gradient"}),
+    Wrong("hooks_one_flat_all_reduce", EX, hooks(f"""\
+    def average_all():
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        flat = torch.cat([g.flatten() for g in grads])
+        md.all_reduce(comm, flat, op="avg")
+        for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(part.view_as(g))
+
+    last = [p for p in model.parameters() if p.requires_grad][-1]
+    last.register_hook(lambda grad: {END_OF_BACKWARD}(average_all))
+"""), {HOOKS: "expected one all-reduce per parameter that has a gradient (7)"}),
+    Wrong("hooks_ddp", EX, hooks("    md.DistributedDataParallel(model, comm)\n"),
+          {HOOKS: "DistributedDataParallel is not allowed"}),
+    Wrong("hooks_naive_wrapper", EX, hooks("""\
+    from minidist.parallel.data.naive import DataParallelNaive
+    DataParallelNaive(model, comm)
+"""), {HOOKS: "minidist.parallel.data.naive.DataParallelNaive is not allowed"}),
+    Wrong("hooks_naive_method", EX, hooks("""\
+    from minidist.parallel.data.naive import DataParallelNaive
+    for param in model.parameters():
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(
+                lambda p: DataParallelNaive._all_reduce_grad(None, p))
+"""), {HOOKS: "DataParallelNaive is not allowed"}),
+    Wrong("hooks_torch_ddp", EX, hooks("""\
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method="file:///tmp/md-grading-ddp-bypass",
+                            rank=comm.rank, world_size=comm.world_size)
+    torch.nn.parallel.DistributedDataParallel(model)
+"""), {HOOKS: "torch.distributed.init_process_group is not allowed"}),
+    Wrong("hooks_on_the_gradient", EX, hooks("""\
+    for param in model.parameters():
+        if param.requires_grad:
+            param.register_hook(lambda grad: md.all_reduce(comm, grad.clone(), op="avg"))
+"""), passes=True),
     Wrong("buckets_forward_order", EX, buckets("""\
     out, current, filled = [], [], 0
     for i, size in enumerate(sizes):
