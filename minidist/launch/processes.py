@@ -54,6 +54,8 @@ def launch(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
     method = _start_method(start_method, device)
     threads = _thread_count(threads, method, world_size)
     ctx = mp.get_context(method)
+    if method == "fork":
+        _preload_for_ranks()
     procs, conns, spec, owned, ok = [], [], None, None, False
     try:
         with signals_held():  # nothing is created that the finally below would not see
@@ -63,11 +65,36 @@ def launch(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
         results = collect(procs, conns, owned)
         ok = True
         return results
+    except KeyboardInterrupt:
+        raise LaunchInterrupted(len(procs)) from None
     finally:
         with signals_held():
             teardown(procs, conns, owned, grace=1.0 if ok else 0.0)
             if spec is not None and spec.ports is not None:
                 spec.ports.close()
+
+
+class LaunchInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or the notebook's stop button) during ``md.launch``: every rank was stopped.
+    In IPython and Jupyter it shows as one line, not a traceback through ``multiprocess``."""
+
+    def __init__(self, ranks: int):
+        super().__init__(f"interrupted: {ranks} rank{'s' if ranks != 1 else ''} stopped")
+
+    def _render_traceback_(self) -> list[str]:  # IPython's hook for how an error is shown
+        return [str(self)]
+
+
+def _preload_for_ranks() -> None:
+    """Import once, in the caller, what every forked rank would otherwise import on its own:
+    torch's optimizers import ``torch._dynamo`` on first construction (about 0.8 s of CPU
+    per rank per launch here, several seconds for 4 ranks on 2 cores); forked ranks then
+    share the already-imported module."""
+    if "torch._dynamo" not in sys.modules:
+        try:
+            import torch._dynamo  # noqa: F401
+        except Exception:  # an optional speed-up: never a reason to fail a launch
+            pass
 
 
 def _start_ranks(ctx, method: str, spec: WorldSpec, threads: int, call, procs, conns) -> None:

@@ -176,3 +176,31 @@ def test_caller_killed_takes_ranks_down():
         time.sleep(0.05)
     assert all(not os.path.exists(f"/proc/{p}") or _is_zombie(p) for p in pids)
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"md-{proc.pid}-")]
+
+
+def _modules_imported_by_an_optimizer(comm):
+    before = set(sys.modules)
+    torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    return sorted(m for m in set(sys.modules) - before if m.startswith("torch._dynamo"))
+
+
+def test_forked_ranks_find_torch_dynamo_already_imported():
+    """Optimizers import torch._dynamo on first use (~1 s per rank); the caller imports it
+    once before forking, so no rank pays for it again."""
+    assert md.launch(_modules_imported_by_an_optimizer, 2) == [[], []]
+
+
+def _sleep(comm):
+    time.sleep(30)
+
+
+def test_interrupting_a_launch_is_one_line():
+    import threading
+
+    from minidist.launch.processes import LaunchInterrupted
+
+    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(LaunchInterrupted) as info:
+        md.launch(_sleep, 3)
+    assert info.value._render_traceback_() == ["interrupted: 3 ranks stopped"]
+    assert isinstance(info.value, KeyboardInterrupt)
