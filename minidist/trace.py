@@ -98,8 +98,10 @@ def plot_gantt(timelines: Iterable, ax=None, title: str | None = None):
     ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
+    ax.tick_params(labelbottom=True)  # keep the time labels under every lane of a sharex stack
     if title:
         ax.set_title(title)
-    if seen:
-        ax.legend(loc="upper right", fontsize="small")
+    if seen:  # outside the lanes, so that it hides no bar
+        ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize="small",
+                  frameon=False)
     return ax

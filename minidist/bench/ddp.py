@@ -181,7 +181,7 @@ def plot(rows: list[dict], path: str) -> None:
         ax2.bar(xs, [100 * by[p, variant]["comm_share"] for p in sizes], width, label=variant)
     for ax, label, title in ((ax1, "steps/s", "Training speed (higher is better)"),
                              (ax2, "% of the step", "Communication not hidden")):
-        ax.set_xticks(range(len(sizes)), [f"{p} ranks" for p in sizes])
+        ax.set_xticks(range(len(sizes)), [f"{p} rank{'s' if p > 1 else ''}" for p in sizes])
         ax.set(ylabel=label, title=title)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize="small")
