@@ -240,8 +240,7 @@ class GuardedTransport:
 
 def guard(comm, rules) -> GuardedTransport:
     """Harden a rank's communicator for a test; return the transport that counts."""
-    transport = GuardedTransport(comm._transport, COLLECTIVES in rules)
-    comm._transport = transport
+    transport = comm.wrap_transport(lambda inner: GuardedTransport(inner, COLLECTIVES in rules))
     comm.eager_limit = EAGER_LIMIT
     comm.timeline.enable()
     if SENDRECV in rules:
