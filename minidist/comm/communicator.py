@@ -22,6 +22,7 @@ import torch
 from ..errors import CommTimeout, MessageMismatchError, PeerLeftError
 from ..trace import Timeline
 from . import tensors
+from .receive_log import ReceiveLog
 from .stats import CommStats
 
 ANY_SOURCE = -1
@@ -74,11 +75,12 @@ class Request:
             else:
                 done = self._wait_acknowledging(limit)
             if not done and getattr(self.raw, "peer_left", False):
-                detail = " ".join(filter(None, [self.comm._history(self.peer),
+                detail = " ".join(filter(None, [self.comm.received.describe(self.peer),
                                                 self.comm._numbering(self.peer)]))
                 raise PeerLeftError(self.op, self.peer, self.tag, self.comm.rank, detail)
             if not done:
-                detail = self.comm._history(self.peer) if self.is_recv else self._rendezvous()
+                received = self.comm.received
+                detail = received.describe(self.peer) if self.is_recv else self._rendezvous()
                 detail = " ".join(filter(None, [detail, self.comm._numbering(self.peer)]))
                 raise CommTimeout(self.op, self.peer, self.tag, limit, self.comm.rank, detail)
             self._finish()
@@ -115,7 +117,7 @@ class Request:
         comm = self.comm
         if self.is_recv:
             self.source = comm._check_received(self)
-            comm._note_received(self.source, self.tag, self.peer is None)
+            comm.received.note(self.source, self.tag, self.peer is None)
             comm._acknowledge(self)
             if self.unstage is not None:
                 self.unstage()
@@ -153,7 +155,7 @@ class Communicator:
         self._n_splits = 0
         self.eager_limit: int | None = None  # see ``eager_limit`` in the class docstring
         self._unacked: list[Request] = []  # posted receives whose sender awaits an ack
-        self._received: dict[int, list] = {}  # source: [count, last tag, via ANY_SOURCE]
+        self.received = ReceiveLog()  # what arrived from whom, for timeout texts
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -231,16 +233,8 @@ class Communicator:
     def sendrecv(self, send_tensor, dst: int, recv_tensor, src: int = ANY_SOURCE,
                  send_tag: int = 0, recv_tag: int | None = None) -> int:
         """Send to ``dst`` and receive from ``src`` at once, without deadlock (a ring step)."""
-        recv_tag = send_tag if recv_tag is None else recv_tag
-        start = time.perf_counter()
-        rreq = self.irecv(recv_tensor, src, recv_tag)
-        sreq = self.isend(send_tensor, dst, send_tag)
-        rreq.record = sreq.record = False
-        sreq.wait(op="sendrecv")
-        source = rreq.wait(op="sendrecv")
-        self.timeline.record("sendrecv", "sendrecv", start, time.perf_counter(),
-                             sreq.nbytes, self._group[dst])
-        return source
+        user = Channel(self, self._ctx, count=True)
+        return user.sendrecv(send_tensor, dst, recv_tensor, src, send_tag, recv_tag)
 
     def _isend(self, tensor, dst: int, tag: int, ctx: int, count: bool) -> Request:
         t = tensors.as_tensor(tensor, "send buffer")
@@ -323,23 +317,6 @@ class Communicator:
             self._transport.isend(_ACK, self._group[req.source], self._ctx + 3,
                                   _ack_tag(req.ctx - self._ctx, req.tag), _ACK_CODE)
 
-    def _note_received(self, source: int, tag: int, via_any: bool) -> None:
-        entry = self._received.setdefault(source, [0, tag, via_any])
-        entry[0], entry[1], entry[2] = entry[0] + 1, tag, via_any
-
-    def _history(self, peer: int | None) -> str:
-        """What this rank did receive (from ``peer``), for a timeout's text: a message that an
-        earlier ANY_SOURCE receive took is the usual reason a named receive waits forever."""
-        if peer is None:
-            got = sum(c for c, _, _ in self._received.values())
-            return f"(This rank has received {got} messages on this communicator so far.)"
-        if peer not in self._received:
-            return f"(Nothing from rank {peer} has arrived on this communicator so far.)"
-        count, tag, via_any = self._received[peer]
-        how = "by a receive from ANY_SOURCE" if via_any else "by a receive naming it"
-        return (f"(So far {count} message{'s' if count > 1 else ''} from rank {peer} arrived "
-                f"on this communicator; the last, on tag {tag}, was taken {how}.)")
-
     def _numbering(self, peer: int | None) -> str:
         """On a split communicator, errors use its own (local) ranks: say which world ranks
         they are, since the launcher reports world ranks."""
@@ -421,10 +398,10 @@ class Channel:
         return self.irecv(tensor, src, tag).wait(op=op)
 
     def sendrecv(self, send_tensor, dst: int, recv_tensor, src: int = ANY_SOURCE,
-                 tag: int = 0) -> int:
+                 tag: int = 0, recv_tag: int | None = None) -> int:
         """Send to ``dst`` and receive from ``src`` at once, without deadlock (a ring step)."""
         comm, start = self.comm, time.perf_counter()
-        rreq = self.irecv(recv_tensor, src, tag)
+        rreq = self.irecv(recv_tensor, src, tag if recv_tag is None else recv_tag)
         sreq = self.isend(send_tensor, dst, tag)
         rreq.record = sreq.record = False
         sreq.wait(op="sendrecv")
