@@ -37,7 +37,18 @@ from .errors import (
 )
 from .faults import inject_delay, slow_rank
 from .launch import Results, init, launch
+from .parallel import pipeline
 from .parallel.data import DataParallelNaive, DistributedDataParallel, DistributedSampler
+from .parallel.param_server import ParameterServer
+from .parallel.pipeline import PipelineStage, Schedule1F1B, ScheduleGPipe
+from .parallel.tensor import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TensorParallelGPT,
+    VocabParallelEmbedding,
+    parallelize_gpt,
+    vocab_parallel_cross_entropy,
+)
 from .trace import Timeline, plot_gantt, to_chrome_trace
 from .transports.network import Link, Network
 
@@ -52,7 +63,11 @@ __all__ = [
     "all_reduce_coalesced", "all_to_all", "broadcast", "gather", "reduce", "reduce_scatter",
     "scatter",
     "DataParallelNaive", "DistributedDataParallel", "DistributedSampler",
+    "ParameterServer",
+    "PipelineStage", "ScheduleGPipe", "Schedule1F1B", "pipeline",
     "costmodel", "models",
     "faults", "inject_delay", "slow_rank",
     "Link", "Network",
+    "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "TensorParallelGPT",
+    "parallelize_gpt", "vocab_parallel_cross_entropy",
 ]

@@ -76,7 +76,7 @@ def to_chrome_trace(timelines: Iterable, path: str | None = None) -> dict:
 
 _COLORS = {"send": "tab:blue", "recv": "tab:orange", "sendrecv": "tab:purple",
            "wait": "tab:gray", "barrier": "tab:red", "compute": "tab:green",
-           "collective": "tab:cyan"}
+           "collective": "tab:cyan", "forward": "tab:olive", "backward": "tab:brown"}
 
 
 def plot_gantt(timelines: Iterable, ax=None, title: str | None = None):
@@ -89,7 +89,7 @@ def plot_gantt(timelines: Iterable, ax=None, title: str | None = None):
     t0 = min((e["start"] for e in events), default=0.0)
     seen = set()
     for e in events:
-        color = _COLORS.get(e["cat"], "tab:olive")
+        color = _COLORS.get(e["cat"], "lightgray")
         label = e["cat"] if e["cat"] not in seen else None
         seen.add(e["cat"])
         ax.barh(e["rank"], (e["end"] - e["start"]) * 1e3, left=(e["start"] - t0) * 1e3,
