@@ -39,6 +39,7 @@ from .faults import inject_delay, slow_rank
 from .launch import Results, init, launch
 from .parallel import pipeline
 from .parallel.data import DataParallelNaive, DistributedDataParallel, DistributedSampler
+from .parallel.mesh import DeviceMesh
 from .parallel.param_server import ParameterServer
 from .parallel.pipeline import PipelineStage, Schedule1F1B, ScheduleGPipe
 from .parallel.tensor import (
@@ -49,6 +50,7 @@ from .parallel.tensor import (
     parallelize_gpt,
     vocab_parallel_cross_entropy,
 )
+from .parallel.zero import ZeRO
 from .trace import Timeline, plot_gantt, to_chrome_trace
 from .transports.network import Link, Network
 
@@ -70,4 +72,6 @@ __all__ = [
     "Link", "Network",
     "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "TensorParallelGPT",
     "parallelize_gpt", "vocab_parallel_cross_entropy",
+    "ZeRO",
+    "DeviceMesh",
 ]

@@ -9,4 +9,6 @@ BENCHMARKS = {
     "pipeline": "minidist.bench.pipeline",
     "tensor": "minidist.bench.tensor",
     "ps": "minidist.bench.param_server",
+    "zero": "minidist.bench.zero",
+    "hybrid": "minidist.bench.hybrid",
 }

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...collectives import all_gather
-from .ops import (
+from .mappings import (
     copy_to_parallel,
     gather_from_parallel,
     reduce_from_parallel,
@@ -58,7 +58,7 @@ class ColumnParallelLinear(nn.Module):
     of its gradient backward); ``gather_output=True`` all-gathers the output so every rank
     holds all of Y, else each keeps its slice Y_r (for a row-parallel layer to consume).
     ``sequence_parallel=True``: the input arrives already all-gathered along the sequence by
-    ``ops.gather_sequence`` (whose backward reduce-scatters the gradient), so no f here.
+    ``mappings.gather_sequence`` (whose backward reduce-scatters the gradient), so no f here.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rows: torch.Tensor,

@@ -35,8 +35,8 @@ from .layers import (
     VocabParallelEmbedding,
     check_divisible,
 )
+from .mappings import gather_from_parallel
 from .naive_mlp import gather_output_mlp
-from .ops import gather_from_parallel
 from .sequence import sequence_parallel_blocks
 
 SHARDED = (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)

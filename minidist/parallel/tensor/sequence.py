@@ -4,7 +4,7 @@ every rank (LayerNorms, dropout, the residual stream) run on s/p tokens per rank
 
 Between the regions the f and g of tensor parallelism become:
 
-* before a column-parallel linear: all-gather along the sequence (``ops.gather_sequence``),
+* before a column-parallel linear: all-gather along the sequence (``mappings.gather_sequence``),
   reduce-scatter backward: here the LayerNorm that feeds it gathers its output
   (:class:`GatheringLayerNorm`);
 * after a row-parallel linear: reduce-scatter along the sequence instead of all-reduce
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ...collectives import all_reduce
-from .ops import gather_sequence
+from .mappings import gather_sequence
 
 
 class GatheringLayerNorm(nn.LayerNorm):
