@@ -113,6 +113,8 @@ class Request:
                 "first, or use sendrecv / isend.)")
 
     def _finish(self) -> None:
+        if self._finished:  # already finished by _flush_acks: a second ack would release
+            return          # the sender's *next* large send before it is received
         self._finished = True
         comm = self.comm
         if self.is_recv:

@@ -51,6 +51,9 @@ def _not_written(name: str) -> str:
             "code")
 
 
+_GRADER_CODE = ("<not allowed>", "<observed>")  # code the sandbox compiles, never the learner's
+
+
 def learner_frame(traceback_text: str) -> tuple[int, str, int | None] | None:
     """(line, code, cell) of the innermost traceback frame in the learner's code, if any.
 
@@ -62,7 +65,7 @@ def learner_frame(traceback_text: str) -> tuple[int, str, int | None] | None:
     lines = traceback_text.splitlines()
     for i, line in enumerate(lines):
         m = re.match(r'\s*File "([^"]+)", line (\d+)', line)
-        if m and not _LIBRARY_PATH.search(m.group(1)) and m.group(1) != "<not allowed>":
+        if m and not _LIBRARY_PATH.search(m.group(1)) and m.group(1) not in _GRADER_CODE:
             code = lines[i + 1].strip() if i + 1 < len(lines) else ""
             cell = re.fullmatch(r"<cell (\d+)>", m.group(1))
             code = "" if code.startswith("File ") else code

@@ -178,7 +178,7 @@ def run_in_child(fn, args: tuple = (), limit: float = 60.0, quiet: bool = True):
     message = _parse(data)
     if "error" in message:
         fields = message["error"] if isinstance(message["error"], dict) else {}
-        raise RemoteError(**{k: fields.get(k) or d for k, d in
+        raise RemoteError(**{k: d if fields.get(k) is None else fields[k] for k, d in
                              (("type_name", "Error"), ("message", ""), ("traceback", ""),
                               ("rank", None), ("exc_type", None), ("remote_traceback", ""))})
     return from_plain(message.get("ok"))

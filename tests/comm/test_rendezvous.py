@@ -90,3 +90,27 @@ def test_many_acknowledged_round_trips():
     """A receive that completes between two checks of the wait loop must not wait on an
     acknowledgement only sends have (a race the grader's ping-pong once hit)."""
     assert md.launch(_ping_pong, 2, args=(600,), timeout=30) == [599.0, 598.0]
+
+
+def _second_send_before_its_receive(comm):
+    """Rank 0: send a, send b, recv c. Rank 1: recv a, send c, recv b. Rank 0's second send
+    waits for a receive that rank 1 posts only after rank 0's recv: a deadlock under
+    rendezvous. (An acknowledgement sent twice for `a` once released `b` early.)"""
+    comm.eager_limit = 0
+    a, b, c = torch.ones(4), torch.ones(4), torch.ones(4)
+    try:
+        if comm.rank == 0:
+            comm.send(a, 1)
+            comm.send(b, 1)
+            comm.recv(c, 1)
+        else:
+            comm.recv(a, 0)
+            comm.send(c, 0)
+            comm.recv(b, 0)
+    except md.CommTimeout as e:
+        return type(e).__name__
+    return "completed"
+
+
+def test_each_large_receive_is_acknowledged_once():
+    assert md.launch(_second_send_before_its_receive, 2, timeout=1.0) == ["CommTimeout"] * 2
