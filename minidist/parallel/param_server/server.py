@@ -24,11 +24,10 @@ from collections import deque
 import torch
 
 from ...comm import ANY_SOURCE
-from ...errors import CommTimeout, PeerLeftError
-from . import protocol as P
-from .errors import WorkerLeftError
+from ...errors import CommTimeout, PeerLeftError, WorkerLeftError
+from . import messages as P
+from .reports import ServerReport
 from .rules import average, may_pull, sync_round
-from .stats import ServerReport
 
 log = logging.getLogger("minidist")
 IDLE_SLICE = 0.05  # seconds the server waits for a header before checking who has left

@@ -1,5 +1,5 @@
 """A worker's side: ``pull`` the parameters from every server, ``push`` each server its shard
-of the gradient, ``close`` when done (``protocol.py`` has the messages).
+of the gradient, ``close`` when done (``messages.py`` has the messages).
 
 A pull asks all servers at once and waits for all of them: the servers decide when to
 answer (sync: once this worker's last push is applied; ssp: once it is no more than s steps
@@ -25,8 +25,8 @@ import time
 import torch
 
 from ...faults import maybe_delay
-from . import protocol as P
-from .stats import WorkerReport
+from . import messages as P
+from .reports import WorkerReport
 
 
 class WorkerClient:

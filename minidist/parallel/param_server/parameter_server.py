@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from ...collectives import broadcast
+from .reports import ServerReport, WorkerReport
 from .server import ShardServer
 from .sharding import DEFAULT_SLICE_THRESHOLD, ShardPlan, plan_shards
-from .stats import ServerReport, WorkerReport
 from .worker import WorkerClient
 
 MODES = ("sync", "async", "ssp")
@@ -38,7 +38,7 @@ class ParameterServer:
     across all servers (MXNet kvstore's "big array" rule); smaller ones go whole to the
     least-loaded server (largest first), so each server holds about N/S of the N parameter
     bytes and receives W*N/S bytes per synchronous step. ``num_servers=1`` is the naive
-    version: one server holds everything and receives W*N bytes per step (``costs.py``).
+    version: one server holds everything and receives W*N bytes per step (``ps_costs.py``).
 
     Modes (``mode``):
 
@@ -64,7 +64,7 @@ class ParameterServer:
     averages over the workers that remain. A worker that starts late gets the current
     parameters at its first pull (async: at once; sync and ssp wait for it, as they must).
 
-    Statistics: ``ps.report()`` (``stats.py``): on a server, the staleness of every applied
+    Statistics: ``ps.report()`` (``reports.py``): on a server, the staleness of every applied
     update, updates applied, payload bytes in and out, pulls served, departures with their
     reason; on a worker, steps, seconds waiting in pull and push, the staleness its pushes
     had. ``comm.timeline`` (when enabled) shows "ps.push", "ps.pull" and "ps.update" spans.
@@ -134,7 +134,7 @@ class ParameterServer:
         self._worker("close").close()
 
     def report(self) -> ServerReport | WorkerReport:
-        """This rank's statistics so far (``stats.py``)."""
+        """This rank's statistics so far (``reports.py``)."""
         return self._role.report()
 
     def _server(self, what: str) -> ShardServer:
