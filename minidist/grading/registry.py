@@ -17,6 +17,11 @@ EXERCISES = {
     "00_getting_started": "minidist.grading.checks.getting_started",
     "01_collectives": "minidist.grading.checks.collectives",
     "02_data_parallel": "minidist.grading.checks.data_parallel",
+    "03_parameter_server": "minidist.grading.checks.param_server",
+    "04_pipeline_parallel": "minidist.grading.checks.pipeline",
+    "05_tensor_parallel": "minidist.grading.checks.tensor_parallel",
+    "06_zero_sharding": "minidist.grading.checks.zero_sharding",
+    "07_hybrid_parallelism": "minidist.grading.checks.hybrid",
 }
 
 

@@ -16,6 +16,22 @@ closes a bypass at its source, so that no import path or alias reaches around it
   wrapper, the bucket scheduler and its communication thread, buckets, reductions),
   ``all_reduce_coalesced`` and torch's DDP raise, and ``torch.distributed`` cannot create a
   process group; ``md.all_reduce`` stays: it is what the learner builds on.
+- ``PARAM_SERVER``: every method of ``md.ParameterServer``, its server and its worker, and
+  the consistency rules of ``minidist.parallel.param_server.rules`` raise.
+- ``TENSOR_PARALLEL``: every function and every method of every class in
+  ``minidist.parallel.tensor`` (Megatron's operators, parallel layers, cross-entropy, the
+  GPT) raises, and ``torch.distributed`` cannot create a process group (so neither can
+  ``torch.distributed.tensor.parallel``); ``md.all_reduce`` stays.
+- ``PIPELINE``: every function and method of ``md.pipeline``'s schedules and runtime
+  raises; the simulator (``md.pipeline.simulate``) stays, to check a schedule.
+- ``ZERO``: every function and method of ``minidist.parallel.zero`` (``md.ZeRO``, its flat
+  shards, gradient buckets and parameter units) and torch's ``ZeroRedundancyOptimizer``
+  raise, and ``torch.distributed`` cannot create a process group (so neither can
+  ``fully_shard``); ``md.reduce_scatter``, ``md.all_gather`` and ``md.reduce`` stay.
+- ``MESH``: every function of ``minidist.parallel.mesh`` and ``minidist.parallel.hybrid``
+  and every method of ``md.DeviceMesh`` and ``HybridGPT`` raise, and so does torch's
+  ``init_device_mesh``; ``comm.split`` and ``md.all_reduce`` stay: they are what the
+  learner builds on.
 
 Every refusal raises :class:`NotAllowed`, whose message says what is not allowed and why.
 Every rank also sends with ``comm.eager_limit = 0``: a send waits for its receive, as a large
@@ -27,11 +43,17 @@ function the learner may use (``md.all_reduce``), however it was imported.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import sys
 import types
 
 COLLECTIVES, SENDRECV, SAMPLER = "collectives", "sendrecv", "sampler"
 BUCKETS, DATA_PARALLEL, FIT, PREDICT = "buckets", "data_parallel", "fit", "predict"
+PARAM_SERVER = "param_server"
+TENSOR_PARALLEL = "tensor_parallel"
+PIPELINE = "pipeline"
+ZERO = "zero"
+MESH = "mesh"
 EAGER_LIMIT = 0
 NOT_ALLOWED_TEXT = "is not allowed in this exercise"
 
@@ -45,11 +67,31 @@ WHY = {
                    "and call md.all_reduce yourself",
     FIT: "write the least-squares fit yourself (np.linalg.lstsq)",
     PREDICT: "write the alpha-beta formula yourself",
+    PARAM_SERVER: "you are building the parameter server's loop and rules here: use "
+                  "comm.send and comm.recv",
+    TENSOR_PARALLEL: "you are building Megatron's operators and parallel layers here: "
+                     "write them with md.all_reduce and torch.autograd.Function",
+    PIPELINE: "you are writing the 1F1B schedule and a stage's messages here: write them "
+              "from the description (md.pipeline.simulate stays, to check your lists)",
+    ZERO: "you are writing ZeRO's sharded step here: build it from md.reduce_scatter (or "
+          "md.all_reduce), md.reduce and md.all_gather",
+    MESH: "you are building the device mesh here: compute its coordinates and groups "
+          "yourself, create each group with comm.split and average with md.all_reduce",
+}
+_LIBRARY_PACKAGES = {  # rule -> packages whose every function and class method is disabled
+    TENSOR_PARALLEL: ("minidist.parallel.tensor",),
+    PIPELINE: ("minidist.parallel.pipeline",),
+    ZERO: ("minidist.parallel.zero",),
+}
+_SPARED = {  # modules of those packages that stay: tools to check an answer, not the answer
+    "minidist.parallel.pipeline.simulator",
 }
 _LIBRARY_FUNCTIONS = {  # rule -> modules whose every function is disabled
     COLLECTIVES: ("minidist.collectives.api", "minidist.collectives.allreduce",
                   "minidist.collectives.rooted", "minidist.collectives.shared_memory",
                   "minidist.collectives.auto"),
+    PARAM_SERVER: ("minidist.parallel.param_server.rules",),
+    MESH: ("minidist.parallel.mesh", "minidist.parallel.hybrid"),
 }
 _NAMED_FUNCTIONS = {  # rule -> (module, function)
     SAMPLER: (("minidist.parallel.data.sampler", "shard_indices"),),
@@ -59,6 +101,7 @@ _NAMED_FUNCTIONS = {  # rule -> (module, function)
     DATA_PARALLEL: (("minidist.collectives.api", "all_reduce_coalesced"),
                     ("minidist.parallel.data.buckets", "assign_buckets"),
                     ("minidist.parallel.data.buckets", "allreduce_hook")),
+    MESH: (("torch.distributed.device_mesh", "init_device_mesh"),),
 }
 _DATA = "minidist.parallel.data."
 _CLASSES = {  # rule -> (module, class, methods; None: every function the class defines)
@@ -72,6 +115,13 @@ _CLASSES = {  # rule -> (module, class, methods; None: every function the class 
                     (_DATA + "reductions", "Average", None),
                     (_DATA + "reductions", "CommHook", None),
                     ("torch.nn.parallel", "DistributedDataParallel", ("__init__",))),
+    PARAM_SERVER: (("minidist.parallel.param_server.parameter_server", "ParameterServer", None),
+                   ("minidist.parallel.param_server.server", "ShardServer", None),
+                   ("minidist.parallel.param_server.worker", "WorkerClient", None)),
+    MESH: (("minidist.parallel.mesh", "DeviceMesh", None),
+           ("minidist.parallel.hybrid", "HybridGPT", None)),
+    ZERO: (("torch.distributed.optim.zero_redundancy_optimizer", "ZeroRedundancyOptimizer",
+            ("__init__", "step")),),
     PREDICT: (("minidist.transports.network", "Link", ("time",)),
               ("minidist.collectives.costs", "Terms", ("time",))),
 }
@@ -106,8 +156,29 @@ def forbid(rules) -> None:
                 methods = [k for k, v in vars(cls).items() if isinstance(v, types.FunctionType)]
             for method in methods:
                 setattr(cls, method, _refusal(message(f"{module}.{name}", rule)))
-    if COLLECTIVES in rules or DATA_PARALLEL in rules:
-        _forbid_torch_distributed()
+        for package in _LIBRARY_PACKAGES.get(rule, ()):
+            _disable_package(package, rule)
+    torch_rule = next((r for r in (COLLECTIVES, DATA_PARALLEL, TENSOR_PARALLEL, ZERO)
+                       if r in rules),
+                      None)
+    if torch_rule is not None:
+        _forbid_torch_distributed(torch_rule)
+
+
+def _disable_package(package: str, rule: str) -> None:
+    """Every function, and every method of every class, defined in ``package``'s modules."""
+    root = importlib.import_module(package)
+    names = [package] + [m.name for m in pkgutil.walk_packages(root.__path__, package + ".")]
+    for name in [n for n in names if n not in _SPARED]:
+        _disable_module_functions(name, rule)
+        for cls in [v for v in vars(sys.modules[name]).values()
+                    if isinstance(v, type) and v.__module__ == name]:
+            text = message(f"{name}.{cls.__name__}", rule)
+            for key, value in list(vars(cls).items()):
+                if isinstance(value, types.FunctionType):
+                    setattr(cls, key, _refusal(text))
+                elif isinstance(value, (staticmethod, classmethod)):
+                    setattr(cls, key, type(value)(_refusal(text)))
 
 
 def _disable_module_functions(module: str, rule: str) -> None:
@@ -134,14 +205,14 @@ def _refusal(text: str):
     return refused
 
 
-def _forbid_torch_distributed() -> None:
+def _forbid_torch_distributed(rule: str) -> None:
     import torch.distributed
     import torch.distributed.distributed_c10d
 
     modules = [torch.distributed, torch.distributed.distributed_c10d,
                sys.modules.get("torch._C._distributed_c10d")]
     for name in _TORCH_DISTRIBUTED:
-        refusal = _refusal(message(f"torch.distributed.{name}", COLLECTIVES))
+        refusal = _refusal(message(f"torch.distributed.{name}", rule))
         for module in modules:
             if module is not None and hasattr(module, name):
                 setattr(module, name, refusal)

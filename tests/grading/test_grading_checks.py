@@ -186,3 +186,126 @@ def test_feedback_for_exercise_02():
     assert "2 times too large" in text and "divide by world_size" in text
     text = feedback("02_data_parallel", "test_assign_buckets", forward_buckets)
     assert "fill buckets in reverse order" in text
+
+
+# -- exercise 05 ----------------------------------------------------------------------------
+class IdentityBothWays(torch.autograd.Function):  # f without its all-reduce
+    @staticmethod
+    def forward(ctx, x, comm):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class SumForward(torch.autograd.Function):  # a right g
+    @staticmethod
+    def forward(ctx, x, comm):
+        return md.all_reduce(comm, x.clone())
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def bias_on_every_rank_mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, comm):
+    linear, gelu = torch.nn.functional.linear, torch.nn.functional.gelu
+    hidden = gelu(linear(x, fc_weight, fc_bias))
+    return SumForward.apply(linear(hidden, proj_weight, proj_bias), comm)
+
+
+def library_mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, comm):
+    from minidist.parallel.tensor import copy_to_parallel
+    return copy_to_parallel(x, comm)
+
+
+def test_feedback_for_exercise_05():
+    text = feedback("05_tensor_parallel", "test_copy_to_parallel", IdentityBothWays)
+    assert "with world_size=2: rank 0: the gradient of x" in text
+    assert "missing the all-reduce in backward" in text
+    text = feedback("05_tensor_parallel", "test_reduce_from_parallel", IdentityBothWays)
+    assert "it is this rank's own partial sum" in text
+    text = feedback("05_tensor_parallel", "test_parallel_mlp", bias_on_every_rank_mlp)
+    assert "c_proj's bias was added on every rank before the all-reduce" in text
+    text = feedback("05_tensor_parallel", "test_parallel_mlp", library_mlp)
+    assert "minidist.parallel.tensor.mappings.copy_to_parallel is not allowed" in text
+    # only the children were changed: the library still works here
+    from minidist.parallel.tensor import mappings
+    assert mappings.copy_to_parallel.__code__.co_name == "copy_to_parallel"
+    assert md.ColumnParallelLinear.from_full.__func__.__name__ == "from_full"
+
+
+# -- exercise 03 ----------------------------------------------------------------------------
+def summing_sync_step(comm, params, lr):
+    grad, total = torch.empty_like(params), torch.zeros_like(params)
+    for _ in range(comm.world_size - 1):
+        comm.recv(grad, md.ANY_SOURCE)
+        total += grad
+    params -= lr * total
+    for w in range(1, comm.world_size):
+        comm.send(params, w)
+
+
+def ahead_of_the_fastest(clock, clocks, staleness):
+    return max(clocks) - clock <= staleness
+
+
+def test_feedback_for_exercise_03():
+    text = feedback("03_parameter_server", "test_sync_step", summing_sync_step)
+    assert text.startswith("with world_size=3 (the server and 2 worker(s)), 3 steps: sync_step "
+                           "broke the protocol at `comm.send(params, w)`"), text
+    assert "the sum of the 2 gradients, 2 times the average" in text
+    text = feedback("03_parameter_server", "test_ssp_admits", ahead_of_the_fastest)
+    assert "with clock=1, clocks=[1, 0, 1], staleness=0: ssp_admits returned True" in text
+    assert "ahead of the slowest: c - min(clocks) <= s" in text
+
+
+# -- exercise 04 ----------------------------------------------------------------------------
+def gpipe_order(rank, stages, microbatches):
+    return [("F", i) for i in range(microbatches)] + [("B", i) for i in range(microbatches)]
+
+
+def warm_up_by_rank(rank, stages, microbatches):
+    warmup = min(rank, microbatches)
+    actions = [("F", i) for i in range(warmup)]
+    for i in range(warmup, microbatches):
+        actions += [("F", i), ("B", i - warmup)]
+    return actions + [("B", i) for i in range(microbatches - warmup, microbatches)]
+
+
+def forward_to_the_wrong_stage(comm, module, x, pending):
+    r, p = comm.rank, comm.world_size
+    if r > 0:
+        comm.recv(x, r - 1)
+        x.requires_grad_()
+    out = module(x)
+    if r < p - 1:  # stage 1 sends back, the others forward
+        pending.append(comm.isend(out.detach(), r - 1 if r == 1 else r + 1))
+    return x, out
+
+
+def test_feedback_for_exercise_04(quick_deadlocks):
+    text = feedback("04_pipeline_parallel", "test_one_f_one_b", gpipe_order)
+    assert text.startswith("with stages=4, microbatches=8: stage 0 holds 5 micro-batches in "
+                           "flight at its list[4]"), text
+    assert "where the bound is p - r = 4: it runs every forward before its first backward, "\
+        "as GPipe does" in text
+    text = feedback("04_pipeline_parallel", "test_one_f_one_b", warm_up_by_rank)
+    assert "deadlock between stages 0 and 1: stage 0 waits at its list[1] = ('B', 0) for " \
+        "micro-batch 0's gradient, which stage 1 sends only at its list[2]" in text, text
+    text = feedback("04_pipeline_parallel", "test_forward_step", forward_to_the_wrong_stage)
+    assert "forward_step sends to rank 0: the activation goes forward, to the next stage, " \
+        "rank 2" in text, text
+
+
+def test_exercise_04_reference_is_the_library_schedule():
+    from minidist.grading.checks.pipeline import CASES, schedule_problem
+    from minidist.grading.checks.pipeline_probe import reference_1f1b, reference_gpipe
+
+    for p, m in CASES:
+        assert [reference_1f1b(r, p, m) for r in range(p)] == md.pipeline.actions("1f1b", p, m)
+        assert [reference_gpipe(r, p, m) for r in range(p)] == md.pipeline.actions("gpipe", p, m)
+        assert schedule_problem(md.pipeline.actions("1f1b", p, m), m) is None
+        report = md.pipeline.simulate(md.pipeline.actions("1f1b", p, m))
+        assert report.ok and report.in_flight == [min(p - r, m) for r in range(p)]

@@ -46,7 +46,15 @@ def test_there_are_typical_wrong_answers_of_every_kind():
                  "predict_no_latency", "hd_recursive_doubling", "hd_library",
                  "hooks_after_backward", "hooks_naive_wrapper", "bucket_when_ready_in_any_order",
                  "bucket_per_parameter", "overlap_hook_waits", "overlap_never_waits",
-                 "overlap_on_backward_thread"):
+                 "overlap_on_backward_thread", "sync_average_over_world_size",
+                 "shard_fc_wrong_dimension", "f_no_all_reduce_backward",
+                 "f_all_reduce_forward", "g_all_reduce_backward", "mlp_bias_on_every_rank",
+                 "mlp_no_f", "mlp_gelu_after_the_sum", "ce_gathers_the_logits",
+                 "sync_answered_twice", "sync_by_rank_not_any_source",
+                 "admits_one_too_many", "serve_releases_only_the_pusher",
+                 "sched_gpipe", "sched_warmup_by_rank", "sched_warmup_off_by_one",
+                 "sched_backward_first", "fwd_blocking_send", "bwd_wrong_neighbour",
+                 "step_mean_of_losses"):
         assert kind in names
     assert len(WRONG) >= 50
 

@@ -45,7 +45,20 @@ def notebook(wrong: Wrong, root: pathlib.Path = ROOT):
 
 
 def all_wrong() -> list[Wrong]:
-    from . import bypasses, exercise_00, exercise_01, exercise_02, exercise_02_buckets
+    from . import (
+        bypasses,
+        exercise_00,
+        exercise_01,
+        exercise_02,
+        exercise_02_buckets,
+        exercise_03,
+        exercise_04,
+        exercise_05,
+        exercise_06,
+        exercise_07,
+    )
 
     return [*exercise_00.WRONG, *exercise_01.WRONG, *exercise_02.WRONG,
-            *exercise_02_buckets.WRONG, *bypasses.WRONG]
+            *exercise_02_buckets.WRONG, *exercise_03.WRONG, *exercise_04.WRONG,
+            *exercise_05.WRONG, *exercise_06.WRONG, *exercise_07.WRONG,
+            *bypasses.WRONG]

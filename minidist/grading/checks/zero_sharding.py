@@ -1,0 +1,230 @@
+"""Tests of exercise 06: ZeRO stage 1 by hand (Rajbhandari et al., "ZeRO: Memory
+Optimizations Toward Training Trillion Parameter Models", SC 2020).
+
+``shard_bounds`` is judged against the layout of ``md.ZeRO`` (``FlatShards``: the flat vector
+padded with zeros to a multiple of p, cut into p equal shards). ``zero1_step`` runs in
+launched worlds of 1 to 4 ranks, on vectors whose size does not divide by the world size,
+for three steps of SGD with momentum and of AdamW, against one process that steps the whole
+vector with the averaged gradient (float64). Before the values, the test looks at what each
+rank built its optimizer over (``zero_probe.OptimizerLog``): the point of stage 1 is that a
+rank keeps optimizer state for its shard only. The stretch, ``reduce_bucket``, is stage 2's
+reduction of one gradient bucket into the shards that own its elements (DeepSpeed's stage 2
+reduces each piece to its owner), judged over two backward passes of several buckets.
+``minidist.parallel.zero``, torch's ``ZeroRedundancyOptimizer`` and process groups (so
+``fully_shard``) are out of reach (``sandbox.ZERO``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..feedback import Mistake, compare
+from ..registry import GradedTest
+from ..sandbox import ZERO
+from .zero_probe import (
+    BUCKET_PASSES,
+    OPTIMIZERS,
+    STEPS,
+    bucket_case,
+    initial_params,
+    optimizer_problem,
+    padding_text,
+    rank_grad,
+    shard_numel,
+    step_case,
+)
+
+BOUNDS_CASES = [(10, 4), (13, 4), (12, 4), (3, 4), (7, 3), (5, 2), (1, 1), (100, 8), (9, 8)]
+STEP_CASES = {4: [(10, "sgd"), (13, "adamw"), (3, "sgd")], 3: [(10, "adamw"), (7, "sgd")],
+              2: [(7, "sgd")], 1: [(5, "adamw")]}  # world size -> (numel, optimizer)
+BUCKET_CASES = {4: [(10, [(7, 10), (2, 7), (0, 2)]), (13, [(4, 13), (0, 4)]),
+                    (3, [(1, 3), (0, 1)])],
+                3: [(10, [(5, 10), (4, 5), (0, 4)])], 2: [(7, [(0, 7)])],
+                1: [(5, [(2, 5), (0, 2)])]}  # world size -> (numel, buckets in their order)
+
+
+# -- part 1: the shard boundaries ---------------------------------------------------------------
+def check_shard_bounds(learner) -> str:
+    calls = [(n, r, p) for n, p in BOUNDS_CASES for r in range(p)]
+    labels = [f"numel={n}, rank={r}, world_size={p}" for n, r, p in calls]
+    results = iter(learner.call_each("shard_bounds", calls, labels))
+    for n, p in BOUNDS_CASES:
+        got = [_pair(next(results), n, r, p) for r in range(p)]
+        s = shard_numel(n, p)
+        for r in range(p):
+            if got[r] != (r * s, (r + 1) * s):
+                raise Mistake(f"shard_bounds({n}, {r}, {p}) returned {got[r]}, expected "
+                              f"{(r * s, (r + 1) * s)}: {_bounds_hint(got, n, p, r)}")
+    return (f"the shards of md.ZeRO's padded flat layout in {len(BOUNDS_CASES)} cases, "
+            "1 to 8 ranks")
+
+
+def _pair(value, n, r, p) -> tuple[int, int]:
+    ok = isinstance(value, (list, tuple)) and len(value) == 2 and all(
+        isinstance(v, int) or isinstance(v, float) and v.is_integer() for v in value)
+    if not ok:
+        raise Mistake(f"shard_bounds({n}, {r}, {p}) returned {value!r:.60}, expected a pair "
+                      "(start, end) of ints")
+    return int(value[0]), int(value[1])
+
+
+def _bounds_hint(got, n, p, r) -> str:
+    s = shard_numel(n, p)
+    lengths = [b - a for a, b in got]
+    if any(k != s for k in lengths) and got[-1][1] == n and got[0][0] == 0:
+        return (f"the shard boundaries ignore padding: {padding_text(n, p)}. Your shards hold "
+                f"{lengths} elements; reduce_scatter and all_gather move equal pieces, so pad "
+                f"the vector with zeros to p * ceil(n / p) = {s * p} elements and cut that")
+    if any(k != s for k in lengths):
+        return (f"every shard has ceil(numel / world_size) = {s} elements ({padding_text(n, p)})"
+                f"; yours have {lengths}")
+    return f"rank r's shard is [r * {s}, (r + 1) * {s}) of the padded vector"
+
+
+# -- part 2: stage 1's step ---------------------------------------------------------------------
+def reference(numel: int, p: int, optimizer: str, grads: str = "avg") -> list[torch.Tensor]:
+    """One process: the whole vector stepped ``STEPS`` times with the gradient ``grads``:
+    "avg" (the right one), "sum", or "own" (element i with its owner rank's own gradient)."""
+    params = torch.nn.Parameter(initial_params(numel))
+    opt, out, s = OPTIMIZERS[optimizer][1]([params]), [], shard_numel(numel, p)
+    for step in range(STEPS):
+        every = torch.stack([rank_grad(r, numel, step) for r in range(p)])
+        if grads == "own":
+            params.grad = every[torch.arange(numel) // s, torch.arange(numel)]
+        else:
+            params.grad = every.sum(0) / (p if grads == "avg" else 1)
+        opt.step()
+        out.append(params.detach().clone())
+    return out
+
+
+def check_zero1_step(learner) -> str:
+    for p in sorted(STEP_CASES, reverse=True):
+        labels = [f"world_size={p}, {n} parameters, {OPTIMIZERS[o][0]}"
+                  for n, o in STEP_CASES[p]]
+        ranks = learner.run_ranks(step_case, p, STEP_CASES[p], "zero1_step", labels)
+        for k, ((n, opt), label) in enumerate(zip(STEP_CASES[p], labels)):
+            got = [ranks[r][k]["value"] for r in range(p)]
+            _check_optimizers(got, n, p, label)
+            _check_same_everywhere(got, n, p, opt, label)
+            _check_values(got[0]["history"], n, p, opt, label)
+    return ("one process's parameters after 3 steps of SGD with momentum and of AdamW on 1 to "
+            "4 ranks, sizes that do not divide by the world size; each rank's optimizer over "
+            "its shard only")
+
+
+def _check_optimizers(got, n, p, label) -> None:
+    for r, v in enumerate(got):
+        problem = optimizer_problem(v["sizes"], v["step"], n, p, r)
+        if problem:
+            raise Mistake(f"with {label}: {problem}")
+
+
+def _check_same_everywhere(got, n, p, opt, label) -> None:
+    first = reference(n, p, opt)[0]
+    s, start = shard_numel(n, p), initial_params(n)
+    for r, v in enumerate(got):
+        a, b = r * s, min((r + 1) * s, n)
+        mine = torch.zeros(n, dtype=torch.bool)
+        mine[a:b] = True
+        h = v["history"][0]
+        if p > 1 and torch.allclose(h[mine], first[mine]) and torch.equal(h[~mine], start[~mine]):
+            raise Mistake(f"with {label}: after step 1, rank {r}'s parameters changed only "
+                          f"inside its own shard [{a}, {b}): all-gather the updated shards, so "
+                          "that every rank has every rank's new values")
+    for step in range(len(got[0]["history"])):
+        for r in range(1, p):
+            diff = (got[r]["history"][step] != got[0]["history"][step]).nonzero().flatten()
+            if len(diff):
+                i = int(diff[0])
+                raise Mistake(f"with {label}: after step {step + 1}, the gathered parameters "
+                              f"differ across ranks at index {i}: rank 0 has "
+                              f"{got[0]['history'][step][i]:.6g}, rank {r} has "
+                              f"{got[r]['history'][step][i]:.6g}. After the all-gather every "
+                              "rank must hold the same full vector")
+
+
+def _check_values(history, n, p, opt, label) -> None:
+    want, start = reference(n, p, opt), initial_params(n)
+    for step, (h, w) in enumerate(zip(history, want)):
+        if _close(h, w):
+            continue
+        at = f"with {label}: after step {step + 1}"
+        if step == 0 and torch.equal(h, start):
+            raise Mistake(f"{at} the parameters did not change: update params in place "
+                          "(params.copy_(...)); the caller keeps that tensor")
+        for grads, text in (("sum", "gradients summed over the ranks, not averaged: "
+                                    "divide the sum by world_size (op=\"avg\")"),
+                            ("own", "each shard stepped with its owner's own gradient: "
+                                    "average the gradients over all ranks first "
+                                    "(md.reduce_scatter with op=\"avg\")")):
+            if p > 1 and _close(h, reference(n, p, opt, grads)[step]):
+                raise Mistake(f"{at} the parameters are those of {text}")
+        raise Mistake(f"{at}: {compare(h, w, 'the parameters')} (one process stepping the "
+                      "whole vector with the averaged gradient)")
+
+
+def _close(got, want) -> bool:
+    """Equal to float64 rounding: the ranks sum the gradients in another order."""
+    return isinstance(got, torch.Tensor) and got.shape == want.shape and \
+        torch.allclose(got.double(), want, rtol=1e-10, atol=1e-12)
+
+
+# -- stretch: stage 2's reduction of a bucket ----------------------------------------------------
+def bucket_reference(numel, p, buckets, rank, passes=BUCKET_PASSES, scale=None) -> torch.Tensor:
+    s = shard_numel(numel, p)
+    out = torch.zeros(s * p, dtype=torch.float64)
+    covered = torch.zeros(s * p, dtype=torch.bool)
+    for lo, hi in buckets:
+        covered[lo:hi] = True
+    for step in range(BUCKET_PASSES - passes, BUCKET_PASSES):
+        total = sum(rank_grad(r, numel, step) for r in range(p))
+        out[:numel] += total / (p if scale is None else scale)
+    out[~covered] = 0
+    return out[rank * s:(rank + 1) * s]
+
+
+def check_reduce_bucket(learner) -> str:
+    for p in sorted(BUCKET_CASES, reverse=True):
+        labels = [f"world_size={p}, {n} parameters (shards of {shard_numel(n, p)}), buckets "
+                  f"{b} in that order, {BUCKET_PASSES} backward passes"
+                  for n, b in BUCKET_CASES[p]]
+        ranks = learner.run_ranks(bucket_case, p, BUCKET_CASES[p], "reduce_bucket", labels)
+        for k, ((n, buckets), label) in enumerate(zip(BUCKET_CASES[p], labels)):
+            for r in range(p):
+                _check_shard(ranks[r][k]["value"], n, p, buckets, r, label)
+            calls = ranks[0][k]["value"]["all_reduces"]
+            if calls and p > 1:
+                raise Mistake(f"with {label}: reduce_bucket called md.all_reduce ({calls} "
+                              "time(s)): then every rank holds the averaged gradient of the "
+                              "whole bucket, the memory stage 2 is there to save. Reduce each "
+                              "rank's piece to that rank only (md.reduce with dst=owner)")
+    return ("every rank's gradient shard the average over the ranks, accumulated over two "
+            "backward passes of buckets that cross shard boundaries, 1 to 4 ranks")
+
+
+def _check_shard(value, n, p, buckets, r, label) -> None:
+    got, want = value["grad_shard"], bucket_reference(n, p, buckets, r)
+    s = shard_numel(n, p)
+    if _close(got, want):
+        return
+    at = f"with {label}: rank {r}'s gradient shard (flat elements [{r * s}, {(r + 1) * s}))"
+    for other, text in ((bucket_reference(n, p, buckets, r, scale=1),
+                         "the sum over the ranks, not the average: divide by world_size"),
+                        (bucket_reference(n, p, buckets, r, passes=1),
+                         "the last backward pass's gradient only: add into grad_shard, the "
+                         "passes accumulate")):
+        if p > 1 and _close(got, other):
+            raise Mistake(f"{at} holds {text}")
+    problem = compare(got, want, "it")
+    raise Mistake(f"{at}: {problem}. Element i of grad_shard is flat element {r * s} + i: the "
+                  "piece of the bucket [lo, lo + len(bucket_grad)) that falls inside "
+                  f"[{r * s}, {(r + 1) * s}) goes to rank {r}, at offset start - {r * s}")
+
+
+TESTS = [  # in notebook order
+    GradedTest("test_shard_bounds", 2, ("shard_bounds",), check_shard_bounds, rules=(ZERO,)),
+    GradedTest("test_zero1_step", 6, ("zero1_step",), check_zero1_step, rules=(ZERO,)),
+    GradedTest("test_reduce_bucket", 3, ("reduce_bucket",), check_reduce_bucket,
+               rules=(ZERO,), part="stretch"),
+]
