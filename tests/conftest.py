@@ -48,6 +48,17 @@ def no_leaks():
     assert not leaked_shm, f"shared memory outlived the test: {sorted(leaked_shm)}"
 
 
+@pytest.fixture(autouse=True)
+def no_global_torch_state():
+    """A test must leave torch's process-wide defaults as it found them: ranks fork from this
+    process, so a leaked default dtype changes every later test's tensors."""
+    dtype = torch.get_default_dtype()
+    yield
+    leaked = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    assert leaked == dtype, f"the default dtype changed to {leaked} and was not restored"
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request):
     return request.param
