@@ -12,7 +12,7 @@
 See docs/architecture.md for the layers and where each thing lives.
 """
 
-from . import costmodel, faults, models
+from . import compression, costmodel, faults, models
 from .collectives import (
     ALL_REDUCE_ALGORITHMS,
     all_gather,
@@ -38,6 +38,7 @@ from .errors import (
 from .faults import inject_delay, slow_rank
 from .launch import Results, init, launch
 from .parallel import pipeline
+from .parallel.amp import GradScaler
 from .parallel.data import DataParallelNaive, DistributedDataParallel, DistributedSampler
 from .parallel.mesh import DeviceMesh
 from .parallel.param_server import ParameterServer
@@ -73,5 +74,6 @@ __all__ = [
     "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "TensorParallelGPT",
     "parallelize_gpt", "vocab_parallel_cross_entropy",
     "ZeRO",
+    "GradScaler", "compression",
     "DeviceMesh",
 ]

@@ -11,4 +11,5 @@ BENCHMARKS = {
     "ps": "minidist.bench.param_server",
     "zero": "minidist.bench.zero",
     "hybrid": "minidist.bench.hybrid",
+    "amp": "minidist.bench.amp",
 }

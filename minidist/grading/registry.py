@@ -22,6 +22,7 @@ EXERCISES = {
     "05_tensor_parallel": "minidist.grading.checks.tensor_parallel",
     "06_zero_sharding": "minidist.grading.checks.zero_sharding",
     "07_hybrid_parallelism": "minidist.grading.checks.hybrid",
+    "08_mixed_precision": "minidist.grading.checks.mixed_precision",
 }
 
 

@@ -32,6 +32,10 @@ closes a bypass at its source, so that no import path or alias reaches around it
   and every method of ``md.DeviceMesh`` and ``HybridGPT`` raise, and so does torch's
   ``init_device_mesh``; ``comm.split`` and ``md.all_reduce`` stay: they are what the
   learner builds on.
+- ``AMP``: every function and method of ``minidist.parallel.amp`` (``md.GradScaler``, the
+  master-weight wrapper, its helpers), every method of ``torch.amp.GradScaler`` (so also its
+  CUDA and sharded subclasses) and torch's fused ``_amp_update_scale_`` and
+  ``_amp_foreach_non_finite_check_and_unscale_`` raise; ``md.all_reduce`` stays.
 
 Every refusal raises :class:`NotAllowed`, whose message says what is not allowed and why.
 Every rank also sends with ``comm.eager_limit = 0``: a send waits for its receive, as a large
@@ -54,6 +58,7 @@ TENSOR_PARALLEL = "tensor_parallel"
 PIPELINE = "pipeline"
 ZERO = "zero"
 MESH = "mesh"
+AMP = "amp"
 EAGER_LIMIT = 0
 NOT_ALLOWED_TEXT = "is not allowed in this exercise"
 
@@ -77,11 +82,14 @@ WHY = {
           "md.all_reduce), md.reduce and md.all_gather",
     MESH: "you are building the device mesh here: compute its coordinates and groups "
           "yourself, create each group with comm.split and average with md.all_reduce",
+    AMP: "you are writing the loss scaler's schedule and its skipped step here: write "
+         "them from the description, agreeing with md.all_reduce",
 }
 _LIBRARY_PACKAGES = {  # rule -> packages whose every function and class method is disabled
     TENSOR_PARALLEL: ("minidist.parallel.tensor",),
     PIPELINE: ("minidist.parallel.pipeline",),
     ZERO: ("minidist.parallel.zero",),
+    AMP: ("minidist.parallel.amp",),
 }
 _SPARED = {  # modules of those packages that stay: tools to check an answer, not the answer
     "minidist.parallel.pipeline.simulator",
@@ -122,8 +130,12 @@ _CLASSES = {  # rule -> (module, class, methods; None: every function the class 
            ("minidist.parallel.hybrid", "HybridGPT", None)),
     ZERO: (("torch.distributed.optim.zero_redundancy_optimizer", "ZeroRedundancyOptimizer",
             ("__init__", "step")),),
+    AMP: (("torch.amp.grad_scaler", "GradScaler", None),),
     PREDICT: (("minidist.transports.network", "Link", ("time",)),
               ("minidist.collectives.costs", "Terms", ("time",))),
+}
+_TORCH_OPS = {  # rule -> torch's built-in operators (not Python code: replaced, not rewritten)
+    AMP: ("_amp_update_scale_", "_amp_foreach_non_finite_check_and_unscale_"),
 }
 _TORCH_DISTRIBUTED = (
     "init_process_group", "new_group", "new_subgroups", "init_device_mesh", "all_reduce",
@@ -158,6 +170,9 @@ def forbid(rules) -> None:
                 setattr(cls, method, _refusal(message(f"{module}.{name}", rule)))
         for package in _LIBRARY_PACKAGES.get(rule, ()):
             _disable_package(package, rule)
+        for name in _TORCH_OPS.get(rule, ()):
+            import torch
+            setattr(torch, name, _refusal(message(f"torch.{name}", rule)))
     torch_rule = next((r for r in (COLLECTIVES, DATA_PARALLEL, TENSOR_PARALLEL, ZERO)
                        if r in rules),
                       None)

@@ -48,11 +48,15 @@ def quick_deadlocks(monkeypatch):
 
 @pytest.mark.parametrize("name", list(EXERCISES))
 def test_worked_solutions_pass_every_stored_test(name, capsys):
-    ns, check = solution_namespace(name), checker(name)
-    for test in stored_tests(name).values():
-        check(test.grade_id, *[ns[n] for n in test.needs])
-        assert f"{test.grade_id}: passed, {test.points}/{test.points} points" in \
-            capsys.readouterr().out
+    dtype = torch.get_default_dtype()  # a notebook may set it for its own kernel (05 does)
+    try:
+        ns, check = solution_namespace(name), checker(name)
+        for test in stored_tests(name).values():
+            check(test.grade_id, *[ns[n] for n in test.needs])
+            assert f"{test.grade_id}: passed, {test.points}/{test.points} points" in \
+                capsys.readouterr().out
+    finally:
+        torch.set_default_dtype(dtype)
 
 
 def test_check_wants_what_the_test_needs():
@@ -309,3 +313,149 @@ def test_exercise_04_reference_is_the_library_schedule():
         assert schedule_problem(md.pipeline.actions("1f1b", p, m), m) is None
         report = md.pipeline.simulate(md.pipeline.actions("1f1b", p, m))
         assert report.ok and report.in_flight == [min(p - r, m) for r in range(p)]
+
+
+# -- exercise 06 ----------------------------------------------------------------------------
+def drifting_step(comm, params, grad, state, make_optimizer):
+    """Stage 1 right, except that rank 1's copy drifts at index 7 after the gather."""
+    p, n = comm.world_size, params.numel()
+    s = -(-n // p)
+    if not state:
+        flat = torch.zeros(s * p, dtype=params.dtype)
+        flat[:n] = params
+        state["shard"] = torch.nn.Parameter(flat[comm.rank * s:(comm.rank + 1) * s].clone())
+        state["opt"] = make_optimizer([state["shard"]])
+    g = torch.zeros(s * p, dtype=grad.dtype)
+    g[:n] = grad
+    state["shard"].grad = md.reduce_scatter(comm, g, op="avg")
+    state["opt"].step()
+    params.copy_(md.all_gather(comm, state["shard"].detach()).reshape(-1)[:n])
+    if comm.rank == 1 and n > 7:
+        params[7] += 0.5
+
+
+def tensor_split_bounds(numel, rank, world_size):
+    pieces = torch.arange(numel).tensor_split(world_size)
+    start = sum(len(x) for x in pieces[:rank])
+    return start, start + len(pieces[rank])
+
+
+def test_feedback_for_exercise_06():
+    text = feedback("06_zero_sharding", "test_zero1_step", drifting_step)
+    assert text.startswith("with world_size=4, 10 parameters, SGD with momentum 0.9: after "
+                           "step 1, the gathered parameters differ across ranks at index 7: "
+                           "rank 0 has"), text
+    text = feedback("06_zero_sharding", "test_shard_bounds", tensor_split_bounds)
+    assert "the shard boundaries ignore padding: with 10 elements on 4 ranks each shard is 3 " \
+        "(2 padding elements on rank 3). Your shards hold [3, 3, 2, 2] elements" in text, text
+
+
+def test_exercise_06_reference_is_the_library_layout():
+    from minidist.grading.checks.zero_probe import optimizer_problem, padding_text
+    from minidist.grading.checks.zero_sharding import BOUNDS_CASES
+    from minidist.parallel.zero import FlatShards
+
+    for n, p in BOUNDS_CASES:
+        for r in range(p):
+            group = FlatShards([torch.nn.Parameter(torch.zeros(n))], p, r)
+            s = group.shard_numel
+            assert group.bounds() == (r * s, (r + 1) * s) and group.padded == s * p
+    assert padding_text(5, 4) == ("with 5 elements on 4 ranks each shard is 2 (3 padding "
+                                  "elements: 1 on rank 2, 2 on rank 3)")
+    assert optimizer_problem([10], 3, 10, 4, 1).startswith(
+        "rank 1 updated the full tensor (its optimizer state holds 10 elements, its shard is 3)")
+    assert optimizer_problem([3], 3, 10, 4, 1) is None
+
+
+# -- exercise 07 ----------------------------------------------------------------------------
+def first_dimension_fastest(rank, shape):
+    out, stride = {}, 1
+    for name in shape:
+        out[name] = rank // stride % shape[name]
+        stride *= shape[name]
+    return out
+
+
+def tp_groups_by_the_other_coordinates(comm, shape):  # color = the tp coordinate: swapped
+    groups = {}
+    for name in shape:
+        coords = first_dimension_fastest(comm.rank, dict(reversed(list(shape.items()))))
+        groups[name] = comm.split(color=coords[name], key=comm.rank)
+    return groups
+
+
+def test_feedback_for_exercise_07():
+    text = feedback("07_hybrid_parallelism", "test_mesh_coords", first_dimension_fastest)
+    assert text.startswith("with rank=1, shape={'dp': 2, 'pp': 2, 'tp': 2}: mesh_coords "
+                           "returned {'dp': 1, 'pp': 0, 'tp': 0}, expected {'dp': 0, 'pp': 0, "
+                           "'tp': 1}; that is a mesh with the FIRST dimension fastest"), text
+    text = feedback("07_hybrid_parallelism", "test_mesh_groups",
+                    tp_groups_by_the_other_coordinates)
+    assert "the dp group of rank 0 holds ranks [0, 1, 2, 3] where it should hold [0, 4]: " \
+        "those are the ranks whose dp coordinate equals rank 0's" in text, text
+
+
+def test_exercise_07_reference_is_torch_layout_and_the_library_mesh():
+    from minidist.grading.checks.hybrid import COORD_SHAPES, GROUP_CASES, SYNC_CASES
+    from minidist.grading.checks.mesh_probe import reference_coords, reference_groups
+    from minidist.parallel import mesh
+
+    shapes = COORD_SHAPES + [s for cases in (GROUP_CASES, SYNC_CASES)
+                             for shape in cases.values() for s in shape]
+    for shape in shapes:
+        world = math.prod(shape.values())
+        for rank in range(world):
+            assert reference_coords(rank, shape) == mesh.coords_of(rank, shape)
+        for name in shape:
+            assert sorted(reference_groups(shape, name)) == mesh.groups(shape, name)
+            # torch's DeviceMesh: one group per row of mesh.swapdims(-1, d).reshape(-1, n)
+            d, grid = list(shape).index(name), np.arange(world).reshape(*shape.values())
+            rows = np.swapaxes(grid, -1, d).reshape(-1, shape[name]).tolist()
+            assert reference_groups(shape, name) == rows
+
+
+# -- exercise 08 ----------------------------------------------------------------------------
+def early_update_scale(scale, growth_tracker, found_inf, growth_factor=2.0, backoff_factor=0.5,
+                       growth_interval=2000):
+    if found_inf:
+        return scale * backoff_factor, 0
+    if growth_tracker + 1 >= growth_interval - 1:  # one clean step too few
+        return scale * growth_factor, 0
+    return scale, growth_tracker + 1
+
+
+def local_scaled_step(comm, optimizer, state):  # found_inf never leaves the rank
+    grads = [p.grad for g in optimizer.param_groups for p in g["params"]]
+    found_inf = any(not torch.isfinite(g).all() for g in grads)
+    if not found_inf:
+        for g in grads:
+            g.div_(state["scale"])
+        optimizer.step()
+    state["scale"], state["growth_tracker"] = (
+        (state["scale"] * 0.5, 0) if found_inf else
+        (state["scale"] * 2, 0) if state["growth_tracker"] + 1 == state["growth_interval"] else
+        (state["scale"], state["growth_tracker"] + 1))
+    return not found_inf
+
+
+def test_feedback_for_exercise_08():
+    text = feedback("08_mixed_precision", "test_update_scale", early_update_scale)
+    assert "at step 1998 (found_inf=False, going in with scale=65536, tracker=1998) your update " \
+        "returned (scale=131072, tracker=0), torch's GradScaler (scale=65536, tracker=1999): " \
+        "grew after 1999 clean steps (growth_interval=2000): the tracker must reach " \
+        "growth_interval" in text, text
+    text = feedback("08_mixed_precision", "test_scaled_step", local_scaled_step)
+    assert text.startswith("ranks disagreed on skipping at step 3: rank 1 skipped, rank 0 "
+                           "stepped (only rank 1's gradients held inf, world_size=2)"), text
+
+
+def test_exercise_08_reference_is_torch_and_the_library_schedule():
+    from minidist.grading.checks.amp_probe import SCHEDULE_CASES, torch_schedule
+    from minidist.parallel.amp import next_scale
+
+    for _, init, growth, backoff, interval, flags in SCHEDULE_CASES[1:]:
+        scale, tracker, ours = init, 0, []
+        for flag in flags:
+            scale, tracker = next_scale(scale, tracker, bool(flag), growth, backoff, interval)
+            ours.append((scale, tracker))
+        assert ours == torch_schedule(init, growth, backoff, interval, flags)

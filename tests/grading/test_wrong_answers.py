@@ -54,7 +54,14 @@ def test_there_are_typical_wrong_answers_of_every_kind():
                  "admits_one_too_many", "serve_releases_only_the_pusher",
                  "sched_gpipe", "sched_warmup_by_rank", "sched_warmup_off_by_one",
                  "sched_backward_first", "fwd_blocking_send", "bwd_wrong_neighbour",
-                 "step_mean_of_losses"):
+                 "step_mean_of_losses", "coords_first_dimension_fastest",
+                 "groups_color_and_key_swapped", "groups_adjacent_blocks",
+                 "groups_key_reversed", "groups_torch_init_device_mesh", "dpsync_over_tp",
+                 "dpsync_over_every_group", "zero_bounds_clamped_to_numel",
+                 "zero_step_full_tensor", "zero_step_unpadded_reduce_scatter",
+                 "zero_step_no_all_gather", "zero_step_summed", "zero_bucket_all_reduce",
+                 "scale_grows_one_step_early", "scale_tracker_not_reset_on_backoff",
+                 "agree_local_only", "step_not_skipped", "master_unscale_in_float16"):
         assert kind in names
     assert len(WRONG) >= 50
 

@@ -76,8 +76,8 @@ def _bounds_hint(got, n, p, r) -> str:
                 f"{lengths} elements; reduce_scatter and all_gather move equal pieces, so pad "
                 f"the vector with zeros to p * ceil(n / p) = {s * p} elements and cut that")
     if any(k != s for k in lengths):
-        return (f"every shard has ceil(numel / world_size) = {s} elements ({padding_text(n, p)})"
-                f"; yours have {lengths}")
+        return (f"every shard has ceil(numel / world_size) = {s} elements, yours have "
+                f"{lengths}: {padding_text(n, p)}")
     return f"rank r's shard is [r * {s}, (r + 1) * {s}) of the padded vector"
 
 
@@ -102,7 +102,10 @@ def check_zero1_step(learner) -> str:
     for p in sorted(STEP_CASES, reverse=True):
         labels = [f"world_size={p}, {n} parameters, {OPTIMIZERS[o][0]}"
                   for n, o in STEP_CASES[p]]
-        ranks = learner.run_ranks(step_case, p, STEP_CASES[p], "zero1_step", labels)
+        try:
+            ranks = learner.run_ranks(step_case, p, STEP_CASES[p], "zero1_step", labels)
+        except Mistake as e:
+            raise Mistake(f"{e}{_unequal_hint(str(e), STEP_CASES[p], labels, p)}") from None
         for k, ((n, opt), label) in enumerate(zip(STEP_CASES[p], labels)):
             got = [ranks[r][k]["value"] for r in range(p)]
             _check_optimizers(got, n, p, label)
@@ -111,6 +114,16 @@ def check_zero1_step(learner) -> str:
     return ("one process's parameters after 3 steps of SGD with momentum and of AdamW on 1 to "
             "4 ranks, sizes that do not divide by the world size; each rank's optimizer over "
             "its shard only")
+
+
+def _unequal_hint(text: str, cases, labels, p: int) -> str:
+    """A hint when the ranks all-gathered (or reduce-scattered) pieces of unequal sizes."""
+    case = next((c for c, label in zip(cases, labels) if f"with {label}:" in text), None)
+    if case is None or "CollectiveMismatchError" not in text or "shard boundaries" in text:
+        return ""
+    return (f"\nThe ranks' pieces differ in size: {padding_text(case[0], p)}. Pad the vector "
+            "with zeros to a multiple of world_size, so that every shard (and every piece "
+            "the collectives move) has the same length")
 
 
 def _check_optimizers(got, n, p, label) -> None:
@@ -216,10 +229,11 @@ def _check_shard(value, n, p, buckets, r, label) -> None:
                          "passes accumulate")):
         if p > 1 and _close(got, other):
             raise Mistake(f"{at} holds {text}")
-    problem = compare(got, want, "it")
+    problem = compare(got, want, "grad_shard").split(": ", 1)[1]
     raise Mistake(f"{at}: {problem}. Element i of grad_shard is flat element {r * s} + i: the "
                   "piece of the bucket [lo, lo + len(bucket_grad)) that falls inside "
-                  f"[{r * s}, {(r + 1) * s}) goes to rank {r}, at offset start - {r * s}")
+                  f"[{r * s}, {(r + 1) * s}) goes to rank {r}, into "
+                  f"grad_shard[start - {r * s}:end - {r * s}]")
 
 
 TESTS = [  # in notebook order

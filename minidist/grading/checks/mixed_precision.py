@@ -1,0 +1,262 @@
+"""Tests of exercise 08: dynamic loss scaling by hand (Micikevicius et al., "Mixed Precision
+Training", ICLR 2018, section 3.2; torch.amp.GradScaler's schedule), agreed across ranks.
+
+``update_scale`` runs closed loop (each step's output is the next step's input) on overflow
+sequences, against ``torch.amp.GradScaler``'s own scale and growth tracker step by step,
+with torch's defaults (2000 clean steps before a growth) and with other factors.
+``agree_found_inf`` runs in launched worlds of 1 to 4 ranks where none, one or every rank
+found an inf. ``scaled_step`` (and the stretch, ``master_step``: float16 model, float32
+master weights) runs ten (eight) steps of SGD on 1 to 4 ranks that each hold a different piece of
+the model, one rank's gradients overflowing at some steps, against ONE process holding every
+piece under one torch GradScaler (``amp_probe.torch_steps``). minidist's GradScaler and
+master-weight wrapper, torch's GradScaler (and so its CUDA and sharded subclasses) and its
+fused unscale/update kernels are out of reach (``sandbox.AMP``); ``md.all_reduce`` stays.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..feedback import Mistake, values
+from ..registry import GradedTest
+from ..sandbox import AMP
+from .amp_feedback import schedule_mistake
+from .amp_probe import (
+    MASTER_PLAN,
+    SCHEDULE_CASES,
+    STEP_PLAN,
+    agree_case,
+    initial_shard,
+    overflows,
+    scaled_grad,
+    schedule_run,
+    step_case,
+    torch_schedule,
+    torch_steps,
+    true_grad,
+)
+
+RULES = (AMP,)
+AGREE_WORLDS, STEP_WORLDS, MASTER_WORLDS = (1, 2, 3, 4), (1, 2, 4), (1, 3)
+
+
+def ranks_text(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+
+
+# -- part 1: the schedule --------------------------------------------------------------------
+def check_update_scale(learner) -> str:
+    for label, init, growth, backoff, interval, flags in SCHEDULE_CASES:
+        got = learner.call(schedule_run, init, growth, backoff, interval, flags,
+                           name="update_scale", case=label)
+        want = torch_schedule(init, growth, backoff, interval, flags)
+        before, reset_on_growth = (init, 0), False
+        for k, w in enumerate(want):
+            g = got[k]
+            if isinstance(g, dict):
+                raise Mistake(f"with {label}: at step {k} update_scale returned "
+                              f"{g['returned']}; return the pair (scale, growth_tracker)")
+            g = (float(g[0]), int(g[1]))
+            if g != w:
+                raise Mistake(f"with {label}: " + schedule_mistake(
+                    k, before, bool(flags[k]), g, w, (growth, backoff, interval),
+                    reset_on_growth))
+            reset_on_growth |= not flags[k] and g[0] > before[0] and g[1] == 0
+            before = g
+    return ("torch.amp.GradScaler's scale and growth tracker at every step of 3 sequences "
+            "with overflows (torch's defaults over 4010 steps, growth_interval 3 and 2, "
+            "other growth and backoff factors)")
+
+
+# -- part 2: the agreement -------------------------------------------------------------------
+def _agree_cases(p: int) -> list[list[int]]:
+    cases = [[0] * p] + [[int(r == j) for r in range(p)] for j in range(p)]
+    return cases + ([[1] * p] if p > 1 else [])
+
+
+def _flags_text(flags: list[int]) -> str:
+    found = [r for r, f in enumerate(flags) if f]
+    if not found:
+        return "no rank found an inf"
+    return "every rank found an inf" if len(found) == len(flags) and len(flags) > 1 else \
+        f"only {ranks_text(found)} found an inf"
+
+
+def check_agree_found_inf(learner) -> str:
+    for p in AGREE_WORLDS:
+        cases = _agree_cases(p)
+        labels = [f"world_size={p}, {_flags_text(c)}" for c in cases]
+        ranks = learner.run_ranks(agree_case, p, [(c,) for c in cases], "agree_found_inf",
+                                  labels)
+        for i, (flags, label) in enumerate(zip(cases, labels)):
+            _judge_agreement([ranks[r][i]["value"] for r in range(p)], flags, label)
+    return ("every rank returns True exactly when some rank found an inf, on 1 to 4 ranks, "
+            "whichever rank it is")
+
+
+def _judge_agreement(got: list, flags: list[int], label: str) -> None:
+    for r, g in enumerate(got):
+        if isinstance(g, dict):
+            raise Mistake(f"with {label}: rank {r} returned {g['returned']}; return a bool")
+    want = any(flags)
+    said_true = [r for r, g in enumerate(got) if g]
+    said_false = [r for r, g in enumerate(got) if not g]
+    if said_true and said_false:
+        raise Mistake(f"ranks disagreed with {label}: {ranks_text(said_true)} returned True, "
+                      f"{ranks_text(said_false)} returned False, so some would skip the step "
+                      "and others take it, and the replicas diverge for good. All-reduce "
+                      "found_inf with op=\"max\" so that every rank gets the same answer")
+    if bool(got[0]) != want:
+        hint = ("max over the ranks (or a sum > 0) is True when ANY rank found one; min is "
+                "True only when all did" if want else
+                "True only when some rank found an inf or NaN")
+        raise Mistake(f"with {label}: every rank returned {bool(got[0])}, expected {want}: "
+                      f"{hint}")
+
+
+# -- parts 3 and 4: a step that skips, on every rank together ---------------------------------
+def check_scaled_step(learner) -> str:
+    _run_steps(learner, "scaled_step", STEP_WORLDS, STEP_PLAN, master=False)
+    return ("parameters, skipped steps, scale and tracker equal one process under "
+            "torch.amp.GradScaler at each of 10 steps of SGD with momentum, 1, 2 and 4 ranks "
+            "each holding its own piece, one rank's gradients overflowing (inf, NaN)")
+
+
+def check_master_step(learner) -> str:
+    _run_steps(learner, "master_step", MASTER_WORLDS, MASTER_PLAN, master=True)
+    return ("float32 master weights and the float16 model equal torch.amp.GradScaler's "
+            "step on float32 masters at each of 8 steps, gradients ~2^-20 (below float16's "
+            "normal range unscaled), updates below float16's resolution, on 1 and 3 ranks")
+
+
+def _run_steps(learner, name: str, worlds, plan: dict, master: bool) -> None:
+    for p in worlds:
+        label = f"world_size={p}"
+        ranks = learner.run_ranks(step_case, p, [(plan, master)], name, [label])
+        got = [ranks[r][0]["value"] for r in range(p)]
+        want = torch_steps(p, plan, master)
+        for k in range(plan["steps"]):
+            where = f"with {label}, step {k}"
+            _judge_skip(got, want, k, p, plan, where)
+            _judge_values(got, want, k, p, plan, master, where)
+            _judge_state(got, want, k, p, plan, where)
+            for r in range(p):
+                if got[r][k]["stepped"] != want[k]["stepped"]:
+                    raise Mistake(f"{where}: rank {r}'s {name} returned "
+                                  f"{got[r][k]['stepped']!r}, expected {want[k]['stepped']} "
+                                  "(True when the optimizer stepped, False when it skipped)")
+
+
+def _before(got, r: int, k: int) -> torch.Tensor:
+    return got[r][k - 1]["param"] if k else initial_shard(r)
+
+
+def _judge_skip(got, want, k: int, p: int, plan: dict, where: str) -> None:
+    changed = [r for r in range(p) if not torch.equal(got[r][k]["param"], _before(got, r, k))]
+    kept = [r for r in range(p) if r not in changed]
+    bad = overflows(p, plan["steps"]).get(k)
+    if bad and changed and kept:
+        raise Mistake(f"ranks disagreed on skipping at step {k}: {ranks_text(kept)} skipped, "
+                      f"{ranks_text(changed)} stepped (only rank {bad[0]}'s gradients held "
+                      f"{bad[1]}, world_size={p}). A rank sees only its own gradients: "
+                      "all-reduce found_inf with max (agree_found_inf) so that every rank "
+                      "skips the same steps")
+    if bad and changed:
+        raise Mistake(f"{where}: did not skip the step at overflow: the parameters changed "
+                      f"at step {k} where the gradients of rank {bad[0]} held {bad[1]} "
+                      f"({ranks_text(changed)} stepped). On found_inf, do not call "
+                      "optimizer.step() at all (zeroing the gradients and stepping still "
+                      "moves the weights through momentum)")
+    if not bad and kept:
+        raise Mistake(f"{where}: {ranks_text(kept)} skipped a step where no rank's "
+                      "gradients held an inf or NaN: skip only when found_inf is True")
+
+
+def _judge_values(got, want, k: int, p: int, plan: dict, master: bool, where: str) -> None:
+    for r in range(p):
+        mine, ref = got[r][k]["param"], want[k]["params"][r]
+        if not torch.allclose(mine, ref, rtol=1e-6, atol=0):
+            raise Mistake(f"{where}: rank {r}'s {'master ' if master else ''}parameters are "
+                          f"{values(mine)}, expected {values(ref)}; "
+                          f"{_value_hint(got, want, k, r, plan, master)}")
+        if master:
+            model, ref16 = got[r][k]["model"], ref.half()
+            if not torch.equal(model, ref16):
+                hint = ("the float16 model was not updated: copy the master weights back "
+                        "into it after the step (model.data.copy_(master))"
+                        if torch.equal(model, initial_shard(r).half()) else
+                        "after the step the float16 model holds the master weights rounded "
+                        "to float16 (model.data.copy_(master))")
+                raise Mistake(f"{where}: rank {r}'s float16 model holds {values(model)}, "
+                              f"expected {values(ref16)}; {hint}")
+
+
+def _value_hint(got, want, k: int, r: int, plan: dict, master: bool) -> str:
+    """Which known mistake, replayed from the oracle's state before step ``k`` (the runs
+    were equal until then), gives the learner's parameters."""
+    before = want[k - 1] if k else None
+    p0 = before["params"][r] if before else initial_shard(r)
+    buf = before["bufs"][r] if before else None
+    scale = before["scale"] if before else plan["init_scale"]
+    g, mine = true_grad(k, r, master), got[r][k]["param"]
+    grown = want[k]["scale"] / scale
+    candidates = [(scale, f"the update is {scale:g} (the scale) times too large: the "
+                          "gradients still hold loss * scale: divide them by the scale "
+                          "before optimizer.step()"),
+                  (1 / scale, "the update is the scale times too small: the gradients were "
+                              "divided by the scale twice")]
+    if grown != 1:
+        candidates.append((1 / grown, "the gradients were divided by the scale after "
+                                      "update_scale changed it: unscale with the scale they "
+                                      "were made with, then update it"))
+    if master:
+        g16 = scaled_grad(k, r, scale, {}, True)
+        candidates.append(((g16 / scale).float() / g, "the gradients were unscaled in "
+                           "float16, where values of ~2^-20 fall below float16's normal "
+                           "range and lose their low bits: convert them to float32 first, "
+                           "then divide by the scale (master.grad = model.grad.float() / "
+                           "scale)"))
+    for c, text in candidates:
+        step = c * g if buf is None else plan["momentum"] * buf + c * g
+        if torch.allclose(mine, p0 - plan["lr"] * step, rtol=1e-6, atol=0):
+            return text
+    if master:
+        return ("unscale the float16 gradients into the float32 masters' .grad, step the "
+                "optimizer (it holds the masters), then copy the masters into the model")
+    return "unscale the gradients (divide by the current scale), then optimizer.step()"
+
+
+def _judge_state(got, want, k: int, p: int, plan: dict, where: str) -> None:
+    w = (want[k]["scale"], want[k]["tracker"])
+    before = (want[k - 1]["scale"], want[k - 1]["tracker"]) if k else (plan["init_scale"], 0)
+    states = [(got[r][k]["scale"], got[r][k]["tracker"]) for r in range(p)]
+    if len(set(map(str, states))) > 1:
+        raise Mistake(f"{where}: the ranks' loss scales parted ways: "
+                      + ", ".join(f"rank {r} has scale={s[0]}, growth_tracker={s[1]}"
+                                  for r, s in enumerate(states))
+                      + "; every rank must update its scale from the agreed found_inf")
+    s = states[0]
+    clean = overflows(p, plan["steps"]).get(k) is None  # a clean step always changes it
+    if clean and s == (before[0], float(before[1])):
+        raise Mistake(f"{where}: state['scale'] and state['growth_tracker'] did not change "
+                      f"(torch's became scale={w[0]:g}, growth_tracker={w[1]}): store "
+                      "update_scale's result in them at every step")
+    if not all(isinstance(x, float) for x in s):
+        raise Mistake(f"{where}: state['scale'] and state['growth_tracker'] hold {s[0]} and "
+                      f"{s[1]}; keep them numbers (update_scale's result)")
+    if (s[0], int(s[1])) != w:
+        bad = overflows(p, plan["steps"]).get(k) is not None
+        raise Mistake(f"{where}: the scale state is off: " + schedule_mistake(
+            k, before, bad, (s[0], int(s[1])), w,
+            (2.0, 0.5, plan["growth_interval"]), False))
+
+
+TESTS = [  # in notebook order
+    GradedTest("test_update_scale", 3, ("update_scale",), check_update_scale, RULES),
+    GradedTest("test_agree_found_inf", 2, ("agree_found_inf",), check_agree_found_inf, RULES),
+    GradedTest("test_scaled_step", 4, ("scaled_step",), check_scaled_step, RULES),
+    GradedTest("test_master_step", 3, ("master_step",), check_master_step, RULES,
+               part="stretch"),
+]
