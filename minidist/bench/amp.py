@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from functools import partial
 
 import torch
 from torch import nn
@@ -44,7 +45,7 @@ from ..parallel.amp import GradScaler, MixedPrecision, all_reduce_bytes
 from ..parallel.data import DistributedDataParallel
 from ..parallel.zero.flat_shards import storage_bytes
 from ..transports.network import Link, Network
-from .timing import format_table, quick_mode, save_json
+from .timing import best_of_rounds, format_table, quick_mode, save_json
 
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 IMPLS = ("minidist", "torch")
@@ -161,17 +162,9 @@ def measure(impl: str, precision: str, cfg: dict) -> dict:
 
 def run_all(cfg: dict, rounds: int) -> list[dict]:
     """Every (precision, implementation) ``rounds`` times, interleaved; best round per row."""
-    samples: dict[tuple, list[dict]] = {}
-    for _ in range(rounds):
-        for precision in PRECISIONS:
-            for impl in IMPLS:
-                samples.setdefault((precision, impl), []).append(measure(impl, precision, cfg))
-    rows = []
-    for (precision, impl), runs in samples.items():
-        best = min(runs, key=lambda r: r["step_s"])
-        rows.append(dict(best, precision=precision, impl=impl,
-                         rounds_ms=[r["step_s"] * 1e3 for r in runs]))
-    return derive(rows)
+    cases = [({"precision": prec, "impl": impl}, partial(measure, impl, prec, cfg))
+             for prec in PRECISIONS for impl in IMPLS]
+    return derive(best_of_rounds(cases, rounds))
 
 
 def derive(rows: list[dict]) -> list[dict]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +35,7 @@ from torch import nn
 from ..launch import launch
 from ..models import mlp
 from ..parallel.data import DataParallelNaive, DistributedDataParallel
-from .timing import format_table, quick_mode, save_json
+from .timing import best_of_rounds, format_table, quick_mode, save_json
 
 VARIANTS = ("minidist overlap", "minidist after", "minidist naive", "torch DDP")
 FULL = {"width": 1024, "depth": 5, "steps": 30, "world_sizes": (1, 2, 4), "rounds": 5}
@@ -104,17 +105,9 @@ def measure(variant: str, world_size: int, cfg: dict) -> dict:
 def run_all(cfg: dict, world_sizes, rounds: int) -> list[dict]:
     """Every (world size, wrapper) ``rounds`` times, interleaved so that all wrappers see the
     same machine; each row is its best round (other processes only ever slow a run down)."""
-    samples: dict[tuple, list[dict]] = {}
-    for _ in range(rounds):
-        for p in world_sizes:
-            for variant in VARIANTS:
-                samples.setdefault((p, variant), []).append(measure(variant, p, cfg))
-    rows = []
-    for (p, variant), runs in samples.items():
-        best = min(runs, key=lambda r: r["step_s"])
-        rows.append(dict(best, world_size=p, variant=variant,
-                         rounds_ms=[r["step_s"] * 1e3 for r in runs]))
-    return derive(rows)
+    cases = [({"world_size": p, "variant": v}, partial(measure, v, p, cfg))
+             for p in world_sizes for v in VARIANTS]
+    return derive(best_of_rounds(cases, rounds))
 
 
 def derive(rows: list[dict]) -> list[dict]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from functools import partial
 
 import torch
 
@@ -49,7 +50,7 @@ from ..parallel.hybrid_costs import (
 from ..parallel.mesh import DeviceMesh
 from ..parallel.zero.flat_shards import storage_bytes
 from ..transports.network import Link, Network
-from .timing import format_table, quick_mode, save_json
+from .timing import best_of_rounds, format_table, quick_mode, save_json
 
 EMULATED = "minidist (emulated)"
 VARIANTS = ("minidist", "minidist ZeRO-1", "torch", EMULATED)
@@ -187,20 +188,15 @@ def _cases(world: int, zero: bool, network: bool) -> list[tuple[str, tuple[int, 
 
 def run_measured(cfg: dict, rounds: int, network: bool = False) -> list[dict]:
     """Every (layout, variant) ``rounds`` times, interleaved; each row its best round."""
-    samples: dict[tuple, list[dict]] = {}
-    for _ in range(rounds):
-        for variant, layout in _cases(cfg["world"], cfg["zero"], network):
-            samples.setdefault((layout, variant), []).append(measure(variant, layout, cfg))
-    rows = []
-    for (layout, variant), runs in samples.items():
-        best = min(runs, key=lambda r: r["step_s"])
-        rows.append(dict(best, layout="x".join(map(str, layout)), dp=layout[0], pp=layout[1],
-                         tp=layout[2], variant=variant, ms=best["step_s"] * 1e3,
-                         steps_per_s=1 / best["step_s"],
-                         microbatches=_microbatches(layout, cfg["batch"]),
-                         rounds_ms=[r["step_s"] * 1e3 for r in runs],
-                         crossing=_crossing(layout, cfg["world"] // 2)
-                         if variant == EMULATED else None))
+    cases = [(dict(layout="x".join(map(str, layout)), dp=layout[0], pp=layout[1], tp=layout[2],
+                   variant=variant, microbatches=_microbatches(layout, cfg["batch"]),
+                   crossing=_crossing(layout, cfg["world"] // 2) if variant == EMULATED
+                   else None),
+              partial(measure, variant, layout, cfg))
+             for variant, layout in _cases(cfg["world"], cfg["zero"], network)]
+    rows = best_of_rounds(cases, rounds)
+    for r in rows:
+        r["ms"], r["steps_per_s"] = r["step_s"] * 1e3, 1 / r["step_s"]
     theirs = {r["layout"]: r for r in rows if r["variant"] == "torch"}
     for r in rows:
         t = theirs.get(r["layout"])

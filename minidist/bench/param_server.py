@@ -43,7 +43,7 @@ from ..models import mlp
 from ..parallel.data import DistributedDataParallel
 from ..parallel.param_server import ParameterServer, ps_step_time, ring_step_time, torch_rpc
 from ..transports.network import Link, Network
-from .timing import format_table, quick_mode, save_json
+from .timing import best_of_rounds, format_table, quick_mode, save_json
 
 FULL = {"width": 512, "depth": 4, "batch": 32, "steps": 15, "workers": (1, 2, 4),
         "rounds": 3, "lsq_steps": 120}
@@ -136,17 +136,12 @@ def measure(system: str, workers: int, cfg: dict, network: Network | None = None
 
 def sweep(cfg: dict, systems: tuple, network: Network | None, rounds: int) -> list[dict]:
     """Every (workers, system) ``rounds`` times, interleaved; each row is its best round."""
-    samples: dict[tuple, list[dict]] = {}
-    for _ in range(rounds):
-        for w in cfg["workers"]:
-            for system in systems:
-                samples.setdefault((w, system), []).append(measure(system, w, cfg, network))
-    rows = []
-    for (w, system), runs in samples.items():
-        best = min(runs, key=lambda r: r["step_s"])
-        rows.append(dict(best, workers=w, system=system, ms=best["step_s"] * 1e3,
-                         steps_per_s=1 / best["step_s"], compute_ms=best["compute_s"] * 1e3,
-                         rounds_ms=[r["step_s"] * 1e3 for r in runs]))
+    cases = [({"workers": w, "system": system}, partial(measure, system, w, cfg, network))
+             for w in cfg["workers"] for system in systems]
+    rows = best_of_rounds(cases, rounds)
+    for r in rows:
+        r.update(ms=r["step_s"] * 1e3, steps_per_s=1 / r["step_s"],
+                 compute_ms=r["compute_s"] * 1e3)
     return rows
 
 

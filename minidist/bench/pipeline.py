@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from functools import partial
 
 import torch
 from torch import nn
@@ -51,7 +52,7 @@ from ..parallel.pipeline import (
     split_model,
 )
 from ..transports.network import Link, Network
-from .timing import format_table, quick_mode, save_json
+from .timing import best_of_rounds, format_table, quick_mode, save_json
 
 VARIANTS = ("minidist naive", "minidist GPipe", "minidist 1F1B", "minidist interleaved",
             "torch GPipe", "torch 1F1B", "torch interleaved")
@@ -188,19 +189,12 @@ def _cases(models, stage_counts, network: bool) -> list[tuple[str, int, str, boo
 def run_all(cfg: dict, models, stage_counts, rounds: int, network: bool = False) -> list[dict]:
     """Every case ``rounds`` times, interleaved so that all see the same machine; each row
     is its best round (other processes only ever slow a run down)."""
-    samples: dict[tuple, list[dict]] = {}
-    for _ in range(rounds):
-        for model, p, variant, emulated in _cases(models, stage_counts, network):
-            net = Network.uniform(EMULATED) if emulated else None
-            samples.setdefault((model, p, variant, emulated), []).append(
-                measure(variant, p, dict(cfg, **MODELS[model]), net))
-    rows = []
-    for (model, p, variant, emulated), runs in samples.items():
-        best = min(runs, key=lambda r: r["step_s"])
-        rows.append(dict(best, model=model, stages=p, emulated=emulated,
-                         variant=variant + (" (emulated)" if emulated else ""),
-                         rounds_ms=[r["step_s"] * 1e3 for r in runs]))
-    return derive(rows)
+    cases = [(dict(model=model, stages=p, emulated=emulated,
+                   variant=variant + (" (emulated)" if emulated else "")),
+              partial(measure, variant, p, dict(cfg, **MODELS[model]),
+                      Network.uniform(EMULATED) if emulated else None))
+             for model, p, variant, emulated in _cases(models, stage_counts, network)]
+    return derive(best_of_rounds(cases, rounds))
 
 
 def derive(rows: list[dict]) -> list[dict]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from functools import partial
 
 import torch
 
@@ -41,7 +42,7 @@ from ..parallel.tensor import parallelize_gpt
 from ..parallel.tensor import tp_costs as costs
 from ..parallel.tensor.torch_reference import torch_loss, torch_parallelize
 from ..transports.network import Link, Network
-from .timing import format_table, quick_mode, save_json
+from .timing import best_of_rounds, format_table, quick_mode, save_json
 
 LAYOUTS = {"minidist": "megatron", "minidist naive MLP": "naive_mlp",
            "minidist sequence parallel": "sequence_parallel"}
@@ -191,17 +192,10 @@ def run_all(cfg: dict, world_sizes, rounds: int, algorithm: str, emulated: bool)
     if emulated:
         plan += [(p, f"minidist, {k} (emulated)", k) for p in world_sizes if p > 1
                  for k in LINKS]
-    samples: dict[tuple, list[dict]] = {}
-    for _ in range(rounds):
-        for p, name, link in plan:
-            variant = "minidist" if link else name
-            samples.setdefault((p, name), []).append(measure(variant, p, cfg, algorithm, link))
-    rows = []
-    for (p, name), runs in samples.items():
-        best = min(runs, key=lambda r: r["step_s"])
-        rows.append(dict(best, world_size=p, variant=name,
-                         rounds_ms=[r["step_s"] * 1e3 for r in runs]))
-    return derive(rows)
+    cases = [({"world_size": p, "variant": name},
+              partial(measure, "minidist" if link else name, p, cfg, algorithm, link))
+             for p, name, link in plan]
+    return derive(best_of_rounds(cases, rounds))
 
 
 def derive(rows: list[dict]) -> list[dict]:

@@ -11,6 +11,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -75,3 +76,17 @@ def machine_info() -> dict:
 def save_json(path: str, payload: dict) -> None:
     with open(path, "w") as f:
         json.dump(dict(payload, machine=machine_info()), f, indent=2)
+
+
+def best_of_rounds(cases: list[tuple[dict, Callable[[], dict]]], rounds: int) -> list[dict]:
+    """Run every case once per round, the cases interleaved so that all of them see the same
+    machine, ``rounds`` times. Each row is a case's best round (other processes only ever slow
+    a run down) with the case's fields and every round's time in ``rounds_ms``. A run returns
+    a dict holding ``step_s``."""
+    samples: list[list[dict]] = [[] for _ in cases]
+    for _ in range(rounds):
+        for runs, (_, run) in zip(samples, cases):
+            runs.append(run())
+    return [dict(min(runs, key=lambda r: r["step_s"]), **fields,
+                 rounds_ms=[r["step_s"] * 1e3 for r in runs])
+            for runs, (fields, _) in zip(samples, cases)]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from functools import partial
 
 import torch
 from torch import nn
@@ -43,7 +44,7 @@ from ..models import GPT, GPTConfig, synthetic_tokens
 from ..parallel.zero import ZeRO, zero_rank_bytes, zero_step_bytes, zero_step_time
 from ..parallel.zero.flat_shards import storage_bytes
 from ..transports.network import Link, Network
-from .timing import format_table, quick_mode, save_json
+from .timing import best_of_rounds, format_table, quick_mode, save_json
 
 TORCH = {0: "torch DDP", 1: "torch ZeroRedundancyOptimizer",
          2: "torch fully_shard (no reshard)", 3: "torch fully_shard"}
@@ -151,18 +152,10 @@ def measure(stage: int, variant: str, p: int, cfg: dict) -> dict:
 
 def run_all(cfg: dict, world_sizes, rounds: int, emulated: bool) -> list[dict]:
     """Every (world size, variant) ``rounds`` times, interleaved; each row its best round."""
-    samples: dict[tuple, list[dict]] = {}
-    for _ in range(rounds):
-        for p in world_sizes:
-            for stage, variant in variants(emulated):
-                samples.setdefault((p, stage, variant), []).append(
-                    measure(stage, variant, p, cfg))
-    rows = []
-    for (p, stage, variant), runs in samples.items():
-        best = min(runs, key=lambda r: r["step_s"])
-        rows.append(dict(best, world_size=p, stage=stage, variant=variant,
-                         rounds_ms=[r["step_s"] * 1e3 for r in runs]))
-    return derive(rows, cfg)
+    cases = [({"world_size": p, "stage": stage, "variant": variant},
+              partial(measure, stage, variant, p, cfg))
+             for p in world_sizes for stage, variant in variants(emulated)]
+    return derive(best_of_rounds(cases, rounds), cfg)
 
 
 def derive(rows: list[dict], cfg: dict) -> list[dict]:
