@@ -171,8 +171,8 @@ def forbid(rules) -> None:
         for package in _LIBRARY_PACKAGES.get(rule, ()):
             _disable_package(package, rule)
         for name in _TORCH_OPS.get(rule, ()):
-            import torch
-            setattr(torch, name, _refusal(message(f"torch.{name}", rule)))
+            setattr(importlib.import_module("torch"), name,
+                    _refusal(message(f"torch.{name}", rule)))
     torch_rule = next((r for r in (COLLECTIVES, DATA_PARALLEL, TENSOR_PARALLEL, ZERO)
                        if r in rules),
                       None)

@@ -45,7 +45,7 @@ def check_one_f_one_b(learner) -> str:
 
 
 def _refused_calls(namespace, calls) -> list:
-    """In the child: the library's schedules out of reach, then every call, each as
+    """In the child (where the sandbox's PIPELINE rule holds): every call, each as
     ("ok", result) or ("error", the exception as plain data), up to the first error."""
     fn, out = namespace["one_f_one_b"], []
     for args in calls:
