@@ -174,9 +174,11 @@ class Communicator:
 
     @property
     def is_world(self) -> bool:
-        """True when this communicator holds every rank of its transport, in order (the one
-        ``md.launch`` or ``md.init`` returned, or a split that kept everyone in place)."""
-        return self._group == tuple(range(self._transport.world_size))
+        """True for the communicator ``md.launch`` or ``md.init`` returned. A split that kept
+        everyone in place is not: the transport's own resources (the shared scratch area,
+        the torch process group) belong to one communicator, and a copy using them from
+        another thread at the same time would mix the two communicators' collectives."""
+        return self._ctx == _WORLD_CTX
 
     @property
     def control(self) -> Channel:

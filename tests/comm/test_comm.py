@@ -205,6 +205,38 @@ def test_split_traffic_is_separate_from_parent():
     assert md.launch(fn, 2)[1] == (2.0, 1.0)
 
 
+def _threads_on_world_and_copy(comm):
+    """The world communicator on this thread, a split that kept everyone (a copy) on
+    another, both running collectives at once: each must get its own sums."""
+    import threading
+
+    copy = comm.split(0)
+    wrong = {}
+
+    def work(c, name):
+        bad = 0
+        for i in range(60):
+            x = torch.full((1000 + 37 * (i % 3),), float(c.rank + 1), dtype=torch.float64)
+            md.all_reduce(c, x)
+            bad += int(not torch.all(x == c.world_size * (c.world_size + 1) / 2))
+        wrong[name] = bad
+
+    t = threading.Thread(target=work, args=(copy, "copy"))
+    t.start()
+    work(comm, "world")
+    t.join()
+    return wrong, comm.is_world, copy.is_world
+
+
+@pytest.mark.parametrize("backend", ["local", "torch"])
+def test_collectives_on_world_and_its_copy_from_two_threads(backend):
+    # A full-copy split used to share the world's shared-memory barrier: the two threads'
+    # agreement checks mixed and raised CollectiveMismatchError between equal calls.
+    for wrong, world, copy in md.launch(_threads_on_world_and_copy, 4, backend=backend,
+                                        timeout=60):
+        assert wrong == {"copy": 0, "world": 0} and world and not copy
+
+
 def _stats(comm):
     p = comm.world_size
     x = torch.zeros(100, dtype=torch.float32)
