@@ -15,6 +15,7 @@ See docs/architecture.md for the layers and where each thing lives.
 from . import compression, costmodel, faults, models
 from .collectives import (
     ALL_REDUCE_ALGORITHMS,
+    Topology,
     all_gather,
     all_reduce,
     all_reduce_coalesced,
@@ -39,7 +40,12 @@ from .faults import inject_delay, slow_rank
 from .launch import Results, init, launch
 from .parallel import pipeline
 from .parallel.amp import GradScaler
-from .parallel.data import DataParallelNaive, DistributedDataParallel, DistributedSampler
+from .parallel.data import (
+    DataParallelNaive,
+    DistributedDataParallel,
+    DistributedSampler,
+    LocalSGD,
+)
 from .parallel.mesh import DeviceMesh
 from .parallel.param_server import ParameterServer
 from .parallel.pipeline import PipelineStage, Schedule1F1B, ScheduleGPipe
@@ -64,7 +70,7 @@ __all__ = [
     "CommStats", "PeerStats", "Timeline", "plot_gantt", "to_chrome_trace",
     "ALL_REDUCE_ALGORITHMS", "CollectiveMismatchError", "all_gather", "all_reduce",
     "all_reduce_coalesced", "all_to_all", "broadcast", "gather", "reduce", "reduce_scatter",
-    "scatter",
+    "scatter", "Topology",
     "DataParallelNaive", "DistributedDataParallel", "DistributedSampler",
     "ParameterServer",
     "PipelineStage", "ScheduleGPipe", "Schedule1F1B", "pipeline",
@@ -76,4 +82,5 @@ __all__ = [
     "ZeRO",
     "GradScaler", "compression",
     "DeviceMesh",
+    "LocalSGD",
 ]

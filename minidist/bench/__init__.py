@@ -12,4 +12,5 @@ BENCHMARKS = {
     "zero": "minidist.bench.zero",
     "hybrid": "minidist.bench.hybrid",
     "amp": "minidist.bench.amp",
+    "comm": "minidist.bench.comm",
 }

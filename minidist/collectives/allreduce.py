@@ -17,6 +17,9 @@ asserts.
 | halving_doubling | 2 lg p alpha | 2 (p-1)/p n beta | large messages, many ranks (Rabenseifner) |
 
 ``auto`` (in ``auto.py``) picks one from measured figures, or a backend's own fast path.
+Two more use the node layout of a cluster (``hierarchical.py``): ``hierarchical``
+(reduce-scatter in the node, ring across nodes, all-gather in the node) and
+``topology_ring`` (the ring in node order).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..comm import tensors
-from . import allreduce, auto, ops
+from . import allreduce, auto, hierarchical, ops
 from . import shared_memory as shm_collectives
 from .agreement import agree, describe
 from .rooted import all_to_all_pairwise, broadcast_tree, gather_linear, reduce_tree, scatter_linear
@@ -21,16 +21,19 @@ from .tags import TAG, as_flat, check_root, chunk_bounds
 
 ALGORITHMS = {"naive": allreduce.naive, "tree": allreduce.tree, "ring": allreduce.ring,
               "recursive_doubling": allreduce.recursive_doubling,
-              "halving_doubling": allreduce.halving_doubling}
+              "halving_doubling": allreduce.halving_doubling,
+              "hierarchical": hierarchical.hierarchical,  # two-level: hierarchical.py
+              "topology_ring": hierarchical.topology_ring}
 ALL_REDUCE_ALGORITHMS = (*ALGORITHMS, "auto")
 
 
 def all_reduce(comm, t, op: str = "sum", algorithm: str = "auto"):
     """Reduce ``t`` over all ranks, in place; returns ``t``. Every rank gets the same bits.
 
-    ``algorithm``: one of ``ALL_REDUCE_ALGORITHMS`` (costs in ``allreduce.py``); ``"auto"``
-    picks by size and world size from measured figures, or a backend's own fast path
-    (``auto.py``).
+    ``algorithm``: one of ``ALL_REDUCE_ALGORITHMS`` (costs in ``allreduce.py``;
+    ``"hierarchical"`` and ``"topology_ring"`` use the node layout: ``hierarchical.py``);
+    ``"auto"`` picks by size and world size from measured figures or the described
+    network's links, or a backend's own fast path (``auto.py``).
     """
     agree(comm, describe("all_reduce", t, op=op, algorithm=algorithm))
     x = as_flat(t, "all_reduce tensor")

@@ -27,6 +27,13 @@ p=5 on, always); on a split-off communicator recursive doubling and then ring fr
 2.1 MB (p=2), or naive from about 140 KB and halving-doubling from about 570 KB (p=4).
 Split-off communicators of the torch backend use the same table, although it was measured on
 the local backend.
+
+On an emulated network (``comm.capability("network")``) the links' own figures replace the
+table: a uniform network or a one-node cluster gives every path its one link; a cluster of
+two or more nodes gives each hop the link it crosses (``cluster_costs.cluster_time``), and
+the two-level paths ``hierarchical`` and ``topology_ring`` compete too. With 2 nodes of 4
+and an inter-node link 8 times slower, that picks a latency-bound path for small tensors
+and ``hierarchical`` for large ones (``tests/collectives/test_topology.py``).
 """
 
 from __future__ import annotations
@@ -39,8 +46,9 @@ import pathlib
 
 import torch
 
-from . import costs
+from . import cluster_costs, costs
 from . import shared_memory as shm_collectives
+from .topology import topology_of
 
 DEFAULT_COSTS = pathlib.Path(__file__).with_name("default_costs.json")
 _loaded: dict | None = None  # set by load_costs
@@ -51,11 +59,24 @@ def choose(comm, x: torch.Tensor, nbytes: int | None = None) -> str:
     ``"native"``, or the path of the cost table whose predicted time is least."""
     if _native_ok(comm, x):
         return "native"
+    nbytes = x.numel() * x.element_size() if nbytes is None else nbytes
+    net = comm.capability("network")
+    if net is not None and net.nodes is not None and net.nodes > 1:
+        return _choose_on_cluster(comm, net, nbytes)
     p, fit = comm.world_size, _fit_for(comm)
     shm = shm_collectives.available(comm, x)
-    nbytes = x.numel() * x.element_size() if nbytes is None else nbytes
     return min((a for a in fit if a != "shm" or shm),
                key=lambda a: costs.time(a, nbytes, p, *fit[a]))
+
+
+def _choose_on_cluster(comm, net, nbytes: int) -> str:
+    """On an emulated cluster of 2+ nodes: the path whose rounds, each hop paying its own
+    link (``cluster_costs.cluster_time``), take least; ties go to the earlier of
+    ``cluster_costs.PATHS`` (the flat paths before the two-level ones). The layout is
+    ``topology_of(comm)`` (collective the first time on a split-off communicator)."""
+    layout = topology_of(comm).node_of
+    return min(cluster_costs.PATHS, key=lambda a: cluster_costs.cluster_time(
+        a, nbytes, layout, net.intra, net.inter))
 
 
 def _fit_for(comm) -> dict[str, tuple[float, float]]:

@@ -30,6 +30,10 @@ Times take n in bytes as a real number (n/p need not be whole). Bytes sent are e
 ``comm.stats.bytes_sent`` shows on that rank after the call, whatever n and p (0, primes,
 lengths p does not divide, world sizes that are not powers of two), as the tests assert.
 ``time(name, ...)`` and ``bytes_sent(name, ...)`` dispatch by name.
+
+Two link classes (a cluster of nodes): ``hierarchical_time``, ``hierarchical_inter_bytes``
+and ``hierarchical_link_bytes`` here; every path's time with the hops that cross nodes
+paying the inter-node link, and the comparison on named clusters, in ``cluster_costs.py``.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from typing import NamedTuple
 from ..transports.shm_segment import SCRATCH_SLOT
 from .shared_memory import _SLOTS_AT, PIECE
 from .tags import chunk_bounds
+from .topology import group_by_node, node_order
 
 ALL_REDUCE_PATHS = ("naive", "tree", "ring", "recursive_doubling", "halving_doubling", "shm")
 COLLECTIVES = ("broadcast", "reduce", "reduce_scatter", "all_gather", "gather", "scatter",
@@ -275,18 +280,76 @@ def reduce_scatter_bytes(n, element_size, p, rank, row=1):
     return (n - (b[rank + 1] - b[rank]) * row) * element_size
 
 
+# --- two link classes: hierarchical all_reduce (``hierarchical.py``) ---------------------
+
+def hierarchical_time(n: float, nodes: int, per_node: int, intra, inter,
+                      gamma: float = 0.0) -> float:
+    """Seconds for hierarchical all_reduce of n bytes on ``nodes`` nodes of ``per_node``
+    ranks, ``intra``/``inter`` links (anything with ``alpha`` and ``bandwidth``, e.g.
+    ``md.Link``): a ring reduce-scatter + all-gather inside the node, whose terms are the
+    ring all_reduce's on k ranks, plus a ring all_reduce of n/k bytes across the N nodes:
+
+        2(k-1) alpha_intra + 2 (k-1)/k n / B_intra + (k-1)/k n gamma
+      + 2(N-1) alpha_inter + 2 (N-1)/N (n/k) / B_inter + (N-1)/N (n/k) gamma
+    """
+    _check(n, nodes)
+    _check(n, per_node)
+    return (ring_time(n, per_node, intra.alpha, intra.bandwidth, gamma)
+            + ring_time(n / per_node, nodes, inter.alpha, inter.bandwidth, gamma))
+
+
+def hierarchical_inter_bytes(n: float, nodes: int, per_node: int) -> float:
+    """Bytes each rank sends over the inter-node link in hierarchical all_reduce of n
+    bytes: 2 (N-1)/N n/k (a flat ring crossing nodes sends 2 (p-1)/p n on its crossing
+    hops). Exact per rank, for any length: :func:`hierarchical_link_bytes`."""
+    _check(n, nodes)
+    _check(n, per_node)
+    return 2 * (nodes - 1) / nodes * n / per_node
+
+
+def hierarchical_link_bytes(n: int, element_size: int, node_of, rank: int) -> tuple[int, int]:
+    """(bytes sent inside the node, bytes sent across nodes) by ``rank`` in hierarchical
+    all_reduce of n elements, ``node_of[r]`` the node of each rank. With k the smallest
+    node's size: local ranks >= k send their tensor (n) to local rank i % k and nothing
+    else; local rank i < k sends the ring's bytes on k ranks, n to each rank folded onto
+    it, and across nodes the ring's bytes on N ranks for its chunk i of
+    ``chunk_bounds(n, k)``."""
+    members = group_by_node(node_of)
+    j = next(j for j, m in enumerate(members) if rank in m)
+    k, i = min(len(m) for m in members), members[j].index(rank)
+    if i >= k:
+        return n * element_size, 0
+    folded = len(range(i + k, len(members[j]), k))
+    b = chunk_bounds(n, k)
+    intra = ring_bytes(n, element_size, k, i) + folded * n * element_size
+    return intra, ring_bytes(b[i + 1] - b[i], element_size, len(members), j)
+
+
+def hierarchical_bytes(n, element_size, p, rank, node_of=None):
+    """Everything ``rank`` sends in hierarchical all_reduce (:func:`hierarchical_link_bytes`
+    summed); ``node_of`` None: one node, where it is the ring."""
+    return sum(hierarchical_link_bytes(n, element_size, node_of or [0] * p, rank))
+
+
+def topology_ring_bytes(n, element_size, p, rank, node_of=None):
+    """The ring's bytes at ``rank``'s place in node order (``topology.node_order``)."""
+    return ring_bytes(n, element_size, p, node_order(node_of or [0] * p).index(rank))
+
+
 _BYTES = {"naive": naive_bytes, "tree": tree_bytes, "ring": ring_bytes,
           "recursive_doubling": recursive_doubling_bytes,
           "halving_doubling": halving_doubling_bytes, "shm": shm_bytes,
           "broadcast": broadcast_bytes, "reduce": reduce_bytes,
           "reduce_scatter": reduce_scatter_bytes, "all_gather": all_gather_bytes,
-          "gather": gather_bytes, "scatter": scatter_bytes, "all_to_all": all_to_all_bytes}
+          "gather": gather_bytes, "scatter": scatter_bytes, "all_to_all": all_to_all_bytes,
+          "hierarchical": hierarchical_bytes, "topology_ring": topology_ring_bytes}
 
 
 def bytes_sent(name: str, n: int, element_size: int, p: int, rank: int, **kw) -> int:
     """Bytes ``rank`` sends in ``name`` (an all_reduce path or a collective) on n elements
     of ``element_size`` bytes; ``kw``: ``root`` (broadcast, reduce, gather, scatter),
-    ``row`` (reduce_scatter: elements per row), ``piece_bytes`` (shm)."""
+    ``row`` (reduce_scatter: elements per row), ``piece_bytes`` (shm), ``node_of``
+    (hierarchical, topology_ring: the node of each rank; default one node)."""
     if name not in _BYTES:
         raise ValueError(f"no byte count for {name!r}; known: {', '.join(_BYTES)}")
     _check(n, p)

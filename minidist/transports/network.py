@@ -8,8 +8,12 @@ A ``Network`` says which link joins two ranks. ``Network.uniform(link)`` joins e
 ranks through the same link (every rank a node of its own: a flat switched network).
 ``Network.cluster(nodes, per_node, intra, inter)`` puts rank r on node r // per_node (as
 torchrun numbers ranks): ranks on one node talk over ``intra`` (NVLink, PCIe), ranks on
-different nodes over ``inter`` (InfiniBand, Ethernet). Each rank has one egress and one
-ingress port per link class; how messages share them is in ``emulated.py``.
+different nodes over ``inter`` (InfiniBand, Ethernet). ``placement="round_robin"`` puts rank
+r on node r % nodes instead (as a scheduler that deals ranks out one node at a time does), or
+pass one node per rank; a ring in rank order then crosses nodes at every hop, which is what
+topology-aware ring ordering (``collectives/topology.py``) repairs. Each rank has one egress
+and one ingress port per link class (one NIC per GPU, as on a DGX); how messages share them
+is in ``emulated.py``.
 
 Only the description lives here; ``md.launch(fn, n, network=net)`` runs it. The named links
 are rough public figures, one direction of one GPU's or one NIC's port; real software adds
@@ -19,6 +23,7 @@ latency on top, and a laptop cannot emulate a link faster than its own memory co
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 INTRA, INTER = 0, 1  # link classes: each rank has one egress and one ingress port per class
@@ -70,33 +75,38 @@ class Link:
     # typical small-message latency with the usual software stack (NCCL, MPI, TCP).
     @classmethod
     def nvlink4(cls) -> Link:
-        # H100 SXM: 18 NVLink 4 links, 900 GB/s in both directions together per GPU
-        # (NVIDIA H100 datasheet), so 450 GB/s each way; NCCL latency a few µs.
+        """H100 SXM: 18 NVLink 4 links, 900 GB/s in both directions together per GPU (NVIDIA
+        H100 Tensor Core GPU datasheet), so 450 GB/s each way; NCCL latency a few µs."""
         return cls(alpha=3e-6, bandwidth=450e9, name="NVLink 4 (H100)")
 
     @classmethod
     def pcie4_x16(cls) -> Link:
-        # PCIe 4.0: 16 GT/s per lane, 128b/130b coding: 16 lanes ~ 31.5 GB/s each way.
+        """PCIe 4.0 (PCI-SIG PCI Express Base Specification 4.0): 16 GT/s per lane,
+        128b/130b coding, so 16 lanes carry ~31.5 GB/s each way."""
         return cls(alpha=5e-6, bandwidth=31.5e9, name="PCIe 4.0 x16")
 
     @classmethod
     def infiniband_hdr(cls) -> Link:
-        # InfiniBand HDR: 200 Gb/s per port = 25 GB/s; MPI ping-pong latency ~1-2 µs.
+        """InfiniBand HDR (IBTA specification 1.4; NVIDIA ConnectX-6 datasheet): 200 Gb/s per
+        port = 25 GB/s; MPI ping-pong latency ~1-2 µs."""
         return cls(alpha=2e-6, bandwidth=25e9, name="InfiniBand HDR")
 
     @classmethod
     def infiniband_ndr(cls) -> Link:
-        # InfiniBand NDR: 400 Gb/s per port = 50 GB/s (one ConnectX-7 port per GPU on DGX H100).
+        """InfiniBand NDR (IBTA specification 1.5; NVIDIA ConnectX-7 datasheet): 400 Gb/s per
+        port = 50 GB/s; DGX H100 has one such port per GPU (NVIDIA DGX H100 user guide)."""
         return cls(alpha=2e-6, bandwidth=50e9, name="InfiniBand NDR")
 
     @classmethod
     def ethernet_25g(cls) -> Link:
-        # 25 GbE: 3.125 GB/s on the wire; TCP through the kernel adds tens of µs.
+        """25 GbE (IEEE 802.3by): 3.125 GB/s on the wire; TCP through the kernel adds tens
+        of µs of latency."""
         return cls(alpha=30e-6, bandwidth=3.125e9, name="25 GbE (TCP)")
 
     @classmethod
     def ethernet_100g(cls) -> Link:
-        # 100 GbE: 12.5 GB/s on the wire; TCP latency ~10-20 µs (RoCE gets a few µs).
+        """100 GbE (IEEE 802.3bj / 802.3cd): 12.5 GB/s on the wire; TCP latency ~10-20 µs
+        (RoCE gets a few µs)."""
         return cls(alpha=15e-6, bandwidth=12.5e9, name="100 GbE (TCP)")
 
 
@@ -104,13 +114,15 @@ class Link:
 class Network:
     """Which link joins two ranks. Build one with ``uniform`` or ``cluster``.
 
-    ``nodes`` is None for ``uniform`` (any number of ranks, one per node).
+    ``nodes`` is None for ``uniform`` (any number of ranks, one per node). ``placement`` is
+    None (rank r on node r // per_node) or the node of each rank.
     """
 
     intra: Link
     inter: Link
     per_node: int = 1
     nodes: int | None = None
+    placement: tuple[int, ...] | None = None
 
     def __post_init__(self):
         for field in ("intra", "inter"):
@@ -123,6 +135,8 @@ class Network:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Network {field} must be a positive int, got {value!r}")
+        if self.placement is not None:
+            _check_placement(self.placement, self.nodes or 1, self.per_node)
 
     @classmethod
     def uniform(cls, link: Link) -> Network:
@@ -130,9 +144,21 @@ class Network:
         return cls(intra=link, inter=link)
 
     @classmethod
-    def cluster(cls, nodes: int, per_node: int, intra: Link, inter: Link) -> Network:
-        """``nodes`` machines of ``per_node`` ranks; rank r sits on node r // per_node."""
-        return cls(intra=intra, inter=inter, per_node=per_node, nodes=nodes)
+    def cluster(cls, nodes: int, per_node: int, intra: Link, inter: Link,
+                placement: str | Sequence[int] = "block") -> Network:
+        """``nodes`` machines of ``per_node`` ranks. ``placement``: ``"block"`` (rank r on
+        node r // per_node, torchrun's numbering), ``"round_robin"`` (rank r on node
+        r % nodes) or a sequence giving each rank's node (each node at most per_node times)."""
+        if placement == "block":
+            return cls(intra=intra, inter=inter, per_node=per_node, nodes=nodes)
+        if placement == "round_robin":
+            if isinstance(nodes, int) and isinstance(per_node, int) and nodes * per_node > 0:
+                placement = [r % nodes for r in range(nodes * per_node)]
+        elif isinstance(placement, str) or not isinstance(placement, Sequence):
+            raise ValueError(f"Network placement must be 'block', 'round_robin' or a sequence "
+                             f"of node numbers, one per rank; got {placement!r}")
+        return cls(intra=intra, inter=inter, per_node=per_node, nodes=nodes,
+                   placement=tuple(placement))
 
     @property
     def max_ranks(self) -> int | None:
@@ -140,6 +166,9 @@ class Network:
         return None if self.nodes is None else self.nodes * self.per_node
 
     def node_of(self, rank: int) -> int:
+        """The node rank ``rank`` sits on."""
+        if self.placement is not None:
+            return self.placement[rank]
         return rank // self.per_node
 
     def link_class(self, src: int, dst: int) -> int:
@@ -151,14 +180,28 @@ class Network:
 
     def check_world(self, world_size: int) -> None:
         """Raise ValueError unless ``world_size`` ranks fit in this network."""
-        if self.max_ranks is not None and world_size > self.max_ranks:
+        held = self.max_ranks if self.placement is None else len(self.placement)
+        if held is not None and world_size > held:
             raise ValueError(
                 f"world_size={world_size} does not fit {self!r}: its {self.nodes} nodes of "
-                f"{self.per_node} ranks hold {self.max_ranks}; launch at most that many ranks "
+                f"{self.per_node} ranks hold {held}; launch at most that many ranks "
                 "or describe a bigger cluster")
 
     def __repr__(self) -> str:
         if self.nodes is None:
             return f"Network.uniform({self.inter!r})"
+        where = "" if self.placement is None else f", placement={list(self.placement)}"
         return (f"Network.cluster(nodes={self.nodes}, per_node={self.per_node}, "
-                f"intra={self.intra!r}, inter={self.inter!r})")
+                f"intra={self.intra!r}, inter={self.inter!r}{where})")
+
+
+def _check_placement(placement: tuple, nodes: int, per_node: int) -> None:
+    """Each entry a node number in [0, nodes), no node holding more than per_node ranks."""
+    for r, node in enumerate(placement):
+        if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < nodes:
+            raise ValueError(f"Network placement[{r}] must be a node number in 0..{nodes - 1}, "
+                             f"got {node!r}")
+    for node in set(placement):
+        if placement.count(node) > per_node:
+            raise ValueError(f"Network placement puts {placement.count(node)} ranks on node "
+                             f"{node}, which holds per_node={per_node}")
