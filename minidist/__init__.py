@@ -38,7 +38,7 @@ from .errors import (
 )
 from .faults import inject_delay, slow_rank
 from .launch import Results, init, launch
-from .parallel import pipeline
+from .parallel import elastic, pipeline
 from .parallel.amp import GradScaler
 from .parallel.data import (
     DataParallelNaive,
@@ -83,4 +83,5 @@ __all__ = [
     "GradScaler", "compression",
     "DeviceMesh",
     "LocalSGD",
+    "elastic",
 ]

@@ -12,5 +12,6 @@ BENCHMARKS = {
     "zero": "minidist.bench.zero",
     "hybrid": "minidist.bench.hybrid",
     "amp": "minidist.bench.amp",
+    "elastic": "minidist.bench.elastic",
     "comm": "minidist.bench.comm",
 }
