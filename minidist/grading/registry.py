@@ -23,6 +23,7 @@ EXERCISES = {
     "06_zero_sharding": "minidist.grading.checks.zero_sharding",
     "07_hybrid_parallelism": "minidist.grading.checks.hybrid",
     "08_mixed_precision": "minidist.grading.checks.mixed_precision",
+    "09_communication_efficiency": "minidist.grading.checks.comm_efficiency",
 }
 
 

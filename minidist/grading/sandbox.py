@@ -173,6 +173,8 @@ def forbid(rules) -> None:
         for name in _TORCH_OPS.get(rule, ()):
             setattr(importlib.import_module("torch"), name,
                     _refusal(message(f"torch.{name}", rule)))
+        if rule == COMM_EFFICIENCY:
+            _forbid_comm_efficiency()
     torch_rule = next((r for r in (COLLECTIVES, DATA_PARALLEL, TENSOR_PARALLEL, ZERO)
                        if r in rules),
                       None)
@@ -231,6 +233,55 @@ def _forbid_torch_distributed(rule: str) -> None:
         for module in modules:
             if module is not None and hasattr(module, name):
                 setattr(module, name, refusal)
+
+
+# -- exercise 09: communication efficiency (its rule, in one place) ------------------------------
+COMM_EFFICIENCY = "comm_efficiency"
+WHY[COMM_EFFICIENCY] = ("you are writing hierarchical all_reduce and compression here: build "
+                        "them from comm.split, md.reduce_scatter, md.all_reduce (ring, tree, "
+                        "...), md.all_gather and torch (torch.topk, torch.linalg.qr)")
+_COMM_EFFICIENCY_CODE = ("minidist.collectives.hierarchical", "minidist.compression",
+                         "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook")
+
+
+def _forbid_comm_efficiency() -> None:
+    """``COMM_EFFICIENCY``: ``md.all_reduce(..., algorithm="hierarchical")`` raises, and so
+    does every function and class method of the library's hierarchical all_reduce, of
+    ``minidist.compression`` (``TopK``, ``PowerSGD``, the casting hooks) and of torch's
+    PowerSGD hook: whichever of those modules exist (one that is missing or does not import
+    is skipped). ``torch.distributed`` cannot create a process group. The shared-memory
+    all_reduce is off, so every byte a collective moves is a message the test counts."""
+    from ..collectives import api, shared_memory
+
+    for root in _COMM_EFFICIENCY_CODE:
+        try:
+            mod = importlib.import_module(root)
+        except Exception:  # not written yet, or mid-edit: nothing there to reach
+            continue
+        subs = pkgutil.walk_packages(mod.__path__, root + ".") if hasattr(mod, "__path__") \
+            else ()
+        for name in [root] + [m.name for m in subs]:
+            try:
+                importlib.import_module(name)
+            except Exception:
+                continue
+            _disable_module_functions(name, COMM_EFFICIENCY)
+            for cls in [v for v in vars(sys.modules[name]).values()
+                        if isinstance(v, type) and v.__module__ == name]:
+                for key, value in list(vars(cls).items()):
+                    if isinstance(value, types.FunctionType):
+                        setattr(cls, key, _refusal(message(f"{name}.{cls.__name__}",
+                                                           COMM_EFFICIENCY)))
+
+    def no_hierarchical(original, comm, t, *args, **kwargs):
+        if "hierarchical" in (*args[1:2], kwargs.get("algorithm")):
+            raise NotAllowed(message('md.all_reduce(..., algorithm="hierarchical")',
+                                     COMM_EFFICIENCY))
+        return original(comm, t, *args, **kwargs)
+
+    observe(api.all_reduce, no_hierarchical)
+    observe(shared_memory.available, lambda original, *args, **kwargs: False)
+    _forbid_torch_distributed(COMM_EFFICIENCY)
 
 
 _OBSERVED = "__minidist_grader_observed__"

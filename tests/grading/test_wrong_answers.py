@@ -61,7 +61,11 @@ def test_there_are_typical_wrong_answers_of_every_kind():
                  "zero_step_full_tensor", "zero_step_unpadded_reduce_scatter",
                  "zero_step_no_all_gather", "zero_step_summed", "zero_bucket_all_reduce",
                  "scale_grows_one_step_early", "scale_tracker_not_reset_on_backoff",
-                 "agree_local_only", "step_not_skipped", "master_unscale_in_float16"):
+                 "agree_local_only", "step_not_skipped", "master_unscale_in_float16",
+                 "hier_whole_tensor_across_nodes", "hier_flat_ring",
+                 "hier_node_colour_assumes_2_per_node", "topk_residual_not_carried",
+                 "topk_signed_not_magnitude", "topk_sum_not_average",
+                 "topk_dense_all_reduce"):
         assert kind in names
     assert len(WRONG) >= 50
 

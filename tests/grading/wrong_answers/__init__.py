@@ -57,9 +57,10 @@ def all_wrong() -> list[Wrong]:
         exercise_06,
         exercise_07,
         exercise_08,
+        exercise_09,
     )
 
     return [*exercise_00.WRONG, *exercise_01.WRONG, *exercise_02.WRONG,
             *exercise_02_buckets.WRONG, *exercise_03.WRONG, *exercise_04.WRONG,
             *exercise_05.WRONG, *exercise_06.WRONG, *exercise_07.WRONG, *exercise_08.WRONG,
-            *bypasses.WRONG]
+            *exercise_09.WRONG, *bypasses.WRONG]

@@ -1,0 +1,267 @@
+"""Tests of exercise 09: communication efficiency. ``hierarchical_all_reduce`` (reduce-scatter
+inside each node, all_reduce across nodes between the ranks with the same local index,
+all-gather inside the node: Horovod's and NCCL's two-level all_reduce), ``topk_step`` (top-k
+sparsification with error feedback; Stich et al. 2018, Lin et al. 2018) and, as the stretch
+part, ``powersgd_step`` (one step of PowerSGD; Vogels et al., NeurIPS 2019).
+
+Each runs in launched worlds on the local backend (oracles in ``comm_probe.py``). A node is
+``per_node`` consecutive ranks (rank // per_node), as on a cluster launched node by node.
+The traffic is observed, not reported: every message the learner's ranks send (their own or
+a collective's) is counted by the grader's transport, per destination, and the bytes that
+cross nodes are compared with the formula 2(N-1)·n·e in all (a ring across the N nodes on
+each 1/per_node shard; with N = 2 or 3 nodes every all_reduce algorithm moves exactly this).
+``md.all_reduce(..., algorithm="hierarchical")``, ``minidist.compression`` and torch's
+PowerSGD hook are out of reach, and the shared-memory all_reduce is off so that every byte
+is a message (the sandbox's ``COMM_EFFICIENCY`` rule).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..feedback import Mistake, values
+from ..registry import GradedTest
+from ..sandbox import COMM_EFFICIENCY
+from .comm_feedback import (
+    avg_hint,
+    close,
+    mismatch,
+    power_hint,
+    ranks_text,
+    residual_hint,
+    split_hint,
+    sum_hint,
+)
+from .comm_probe import (
+    DTYPES,
+    hierarchy_case,
+    hierarchy_sum,
+    local_of,
+    node_of,
+    powersgd_case,
+    powersgd_inputs,
+    powersgd_reference,
+    topk_case,
+    topk_grad,
+    topk_reference,
+)
+
+RULES = (COMM_EFFICIENCY,)
+# world size -> [(per_node, n, dtype)]: 1 to 3 nodes of 1 to 4 ranks, lengths that do and
+# do not divide by per_node
+HIER_CASES = {4: [(2, 12, "float64"), (2, 9, "float64"), (2, 8, "float32")],
+              6: [(3, 12, "float64"), (3, 10, "float64"), (2, 12, "float64"),
+                  (2, 7, "float64")],
+              8: [(4, 16, "float64"), (4, 13, "float32")],
+              3: [(1, 10, "float64"), (3, 7, "float64")]}
+TOPK_CASES = {2: [(64, 4, 4, 1), (20, 1, 3, 2)], 3: [(50, 5, 4, 3)],
+              4: [(400, 8, 3, 4)]}  # world size -> [(n, k, steps, seed)]
+POWER_CASES = {2: [(12, 8, 2, False, 1), (10, 6, 1, True, 2)],
+               3: [(9, 7, 2, False, 3), (8, 8, 2, True, 4)]}  # (m, n, r, low_rank, seed)
+INDEX_AND_VALUE = 16  # bytes of one sent entry: an int64 index and a float64 value
+
+
+# -- part 1: hierarchical all_reduce -----------------------------------------------------------
+def _hier_label(world: int, per_node: int, n: int, dtype: str) -> str:
+    nodes = world // per_node
+    return (f"{nodes} node{'s' * (nodes > 1)} of {per_node} rank{'s' * (per_node > 1)} "
+            f"(world_size={world}), a {dtype} tensor of {n} elements")
+
+
+def check_hierarchical(learner) -> str:
+    for world, cases in HIER_CASES.items():
+        labels = [_hier_label(world, *c) for c in cases]
+        ranks = learner.run_ranks(hierarchy_case, world, [tuple(c) for c in cases],
+                                  "hierarchical_all_reduce", labels)
+        for k, ((per_node, n, dtype), label) in enumerate(zip(cases, labels)):
+            results = [ranks[r][k] for r in range(world)]
+            _judge_sums(results, per_node, n, dtype, label)
+            _judge_inter_node(results, per_node, n, dtype, label)
+    n_cases = sum(len(c) for c in HIER_CASES.values())
+    return (f"every rank holds the sum of all ranks' tensors, and the bytes that cross nodes "
+            f"are the formula 2(N-1)·n·e (only shards, only between ranks of the same local "
+            f"index), in {n_cases} clusters of 1 to 3 nodes of 1 to 4 ranks")
+
+
+def _judge_sums(results: list[dict], per_node: int, n: int, dtype: str, label: str) -> None:
+    world, want = len(results), hierarchy_sum(n, len(results)).to(DTYPES[dtype])
+    for rank, res in enumerate(results):
+        got = res["value"]
+        t, returned = got["tensor"], got["returned"]
+        if torch.equal(t, want):
+            continue
+        if isinstance(returned, torch.Tensor) and returned.shape == want.shape and \
+                torch.equal(returned.to(want.dtype), want):
+            raise Mistake(f"with {label}: rank {rank} returned a new tensor holding the sums, "
+                          "but left t unchanged: write the result into t (t.copy_(...)), as "
+                          "md.all_reduce does in place")
+        if t.shape != want.shape or t.dtype != want.dtype:
+            raise Mistake(f"with {label}: on rank {rank}, t now has shape {tuple(t.shape)} "
+                          f"and dtype {t.dtype}, expected {tuple(want.shape)}, {want.dtype}")
+        i = int((t != want).nonzero()[0])
+        value = float(t[i])
+        raise Mistake(f"with {label}: on rank {rank}, t[{i}] = {value:g}, expected the sum "
+                      f"over all {world} ranks, {float(want[i]):g}: "
+                      f"{sum_hint(value, i, rank, per_node, world)}"
+                      f"{split_hint(results, per_node)}")
+
+
+def _judge_inter_node(results: list[dict], per_node: int, n: int, dtype: str,
+                      label: str) -> None:
+    world, nodes = len(results), len(results) // per_node
+    total = 0
+    for rank, res in enumerate(results):
+        for dst, nbytes in sorted(res["traffic"]["sent_to"].items()):
+            dst = int(dst)
+            if node_of(dst, per_node) == node_of(rank, per_node):
+                continue
+            if local_of(dst, per_node) != local_of(rank, per_node):
+                same = [r for r in range(world) if r != rank and
+                        local_of(r, per_node) == local_of(rank, per_node)]
+                raise Mistake(
+                    f"with {label}: rank {rank} (node {node_of(rank, per_node)}, local index "
+                    f"{local_of(rank, per_node)}) sent {nbytes} bytes to rank {dst} (node "
+                    f"{node_of(dst, per_node)}, local index {local_of(dst, per_node)}): "
+                    "across nodes a rank exchanges only with the ranks that share its local "
+                    f"index (here {ranks_text(same)}), each carrying one shard; everything "
+                    "else stays inside the node (a flat all_reduce over comm crosses nodes "
+                    f"between neighbours){split_hint(results, per_node)}")
+            total += nbytes
+    e = torch.empty(0, dtype=DTYPES[dtype]).element_size()
+    formula = 2 * (nodes - 1) * n * e
+    most = 2 * (nodes - 1) * per_node * math.ceil(n / per_node) * e  # shards padded
+    if total <= most:
+        return
+    head = (f"with {label}: {total} bytes crossed nodes in all, where the formula says "
+            f"2(N-1)·n·e = 2·{nodes - 1}·{n}·{e} = {formula} (a ring across the N={nodes} "
+            f"nodes on each rank's 1/{per_node} shard)")
+    if per_node > 1 and formula * per_node <= total <= most * per_node:
+        raise Mistake(f"{head}: inter-node traffic is {per_node} times the formula: each rank "
+                      f"sent the whole tensor across nodes, not its 1/{per_node} shard. "
+                      "Reduce-scatter inside the node first, so that each rank carries only "
+                      "its shard across, then all-gather the summed shards inside the node")
+    raise Mistake(f"{head}: {total / formula:.2f} times the formula. Only the shard a rank "
+                  "owns after the reduce-scatter crosses nodes, once reduced and once back")
+
+
+# -- part 2: top-k with error feedback ---------------------------------------------------------
+def check_topk(learner) -> str:
+    for world, cases in TOPK_CASES.items():
+        labels = [f"world_size={world}, n={n}, k={k}" for n, k, _, _ in cases]
+        ranks = learner.run_ranks(topk_case, world, [tuple(c) for c in cases], "topk_step",
+                                  labels)
+        for c, ((n, k, steps, seed), label) in enumerate(zip(cases, labels)):
+            runs = [ranks[r][c]["value"] for r in range(world)]
+            for step in range(steps):
+                _judge_topk_step(runs, step, (n, k, seed), label)
+            total = sum(ranks[r][c]["traffic"]["bytes_sent"] for r in range(world))
+            _judge_topk_bytes(total, world, (n, k, steps), label)
+    return ("the average of the ranks' top-k vectors and each rank's residual equal the "
+            "float64 oracle at every step of 3 to 4 steps, each fed the residual you returned, "
+            "on 2 to 4 ranks; only k values and k indices per rank travel")
+
+
+def _judge_topk_step(runs: list[list[dict]], step: int, case: tuple, label: str) -> None:
+    n, k, seed = case
+    world, where = len(runs), f"with {label}, step {step}"
+    for rank, run in enumerate(runs):
+        if step < len(run) and "returned" in run[step]:
+            raise Mistake(f"{where}: rank {rank}'s topk_step returned {run[step]['returned']}; "
+                          "return the pair (averaged, new_residual) of tensors")
+    def grads_of(s: int) -> list[torch.Tensor]:
+        return [topk_grad(r, s, n, seed) for r in range(world)]
+
+    grads = grads_of(step)
+    res_in = [run[step]["residual_in"] for run in runs]
+    avg_want, res_want, sent = topk_reference(grads, res_in, k)
+    for rank, run in enumerate(runs):
+        avg = run[step]["averaged"]
+        if not close(avg, avg_want):
+            what = mismatch(avg, avg_want, f"rank {rank}'s averaged gradient")
+            raise Mistake(f"{where}: {what}: "
+                          f"{avg_hint(avg, grads, res_in, (k, step, rank), runs, grads_of)}")
+    for rank, run in enumerate(runs):
+        res = run[step]["residual"]
+        if not close(res, res_want[rank]):
+            corrected = grads[rank] + res_in[rank]
+            what = mismatch(res, res_want[rank], f"rank {rank}'s new residual")
+            raise Mistake(f"{where}: {what}: "
+                          f"{residual_hint(res, corrected, grads[rank], sent[rank], step)}")
+
+
+def _judge_topk_bytes(total: int, world: int, case: tuple, label: str) -> None:
+    n, k, steps = case
+    most = steps * world * 2 * (world - 1) * k * INDEX_AND_VALUE
+    if total <= most:
+        return
+    dense = steps * 2 * (world - 1) * n * 8
+    raise Mistake(f"with {label}: the ranks sent {total} bytes in all over {steps} steps, "
+                  f"where exchanging each rank's k={k} values and k indices needs at most "
+                  f"{most} (an all-gather of k float64 values and k int64 indices, "
+                  f"(p-1)·k·(8+8) bytes per rank per step, with room to spare); all-reducing "
+                  f"the dense gradient moves {dense}. Send only the k values and their "
+                  "indices (md.all_gather), and build the dense average from them")
+
+
+# -- part 3 (stretch): one PowerSGD step ------------------------------------------------------
+def check_powersgd(learner) -> str:
+    for world, cases in POWER_CASES.items():
+        labels = [f"world_size={world}, M of shape ({m}, {n}){' (of rank r)' if low else ''}, "
+                  f"rank r={r}" for m, n, r, low, _ in cases]
+        ranks = learner.run_ranks(powersgd_case, world, [tuple(c) for c in cases],
+                                  "powersgd_step", labels)
+        for c, (case, label) in enumerate(zip(cases, labels)):
+            results = [ranks[r][c]["value"] for r in range(world)]
+            _judge_powersgd(results, case, label)
+            total = sum(ranks[r][c]["traffic"]["bytes_sent"] for r in range(world))
+            _judge_powersgd_bytes(total, world, case, label)
+    return ("M ~ P Q^T and the new Q equal the float64 oracle on 2 and 3 ranks (exact on "
+            "gradients of rank r), with 2(p-1)(m+n)·r·8 bytes in all: P and Q, never M")
+
+
+def _judge_powersgd(results: list[dict], case: tuple, label: str) -> None:
+    m, n, r, low, seed = case
+    world = len(results)
+    Ms = [powersgd_inputs(rank, m, n, r, low, seed)[0] for rank in range(world)]
+    Q = powersgd_inputs(0, m, n, r, low, seed)[1]
+    for rank, got in enumerate(results):
+        if "returned" in got:
+            raise Mistake(f"with {label}: rank {rank}'s powersgd_step returned "
+                          f"{got['returned']}; return the pair (M_hat, new_Q) of tensors")
+        want, want_q = powersgd_reference(Ms, Q, rank)
+        if not close(got["approx"], want):
+            what = mismatch(got["approx"], want, f"rank {rank}'s M_hat")
+            raise Mistake(f"with {label}: {what}: "
+                          f"{power_hint(got['approx'], Ms, Q, rank)}")
+        q = got["q"]
+        if not (isinstance(q, torch.Tensor) and q.shape == want_q.shape and all(
+                close(q[:, j], want_q[:, j]) or close(q[:, j], -want_q[:, j])
+                for j in range(r))):
+            raise Mistake(f"with {label}: rank {rank}'s new Q is {values(q)}, expected "
+                          f"{values(want_q)} (up to the sign of each column): the new Q is "
+                          f"the average over the ranks of M^T P, shape ({n}, {r}), with the "
+                          "orthonormalised P")
+
+
+def _judge_powersgd_bytes(total: int, world: int, case: tuple, label: str) -> None:
+    m, n, r, _, _ = case
+    formula = 2 * (world - 1) * (m + n) * r * 8
+    if total <= formula:
+        return
+    dense = 2 * (world - 1) * m * n * 8
+    why = (f"that is at least what all-reducing M itself costs ({dense}): send only P "
+           f"({m}x{r}) and Q ({n}x{r})" if total >= dense else
+           "only P and Q travel, each all-reduced once")
+    raise Mistake(f"with {label}: the ranks sent {total} bytes in all, where two all_reduces "
+                  f"of P ({m}x{r}) and Q ({n}x{r}) move 2(p-1)(m+n)·r·8 = {formula}: {why}")
+
+
+TESTS = [  # in notebook order
+    GradedTest("test_hierarchical_all_reduce", 5, ("hierarchical_all_reduce",),
+               check_hierarchical, RULES),
+    GradedTest("test_topk_step", 5, ("topk_step",), check_topk, RULES),
+    GradedTest("test_powersgd_step", 3, ("powersgd_step",), check_powersgd, RULES,
+               part="stretch"),
+]

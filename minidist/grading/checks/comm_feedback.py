@@ -1,0 +1,174 @@
+"""What exercise 09's feedback says (``comm_efficiency.py``): given a learner's wrong tensor
+and the grader's oracle, name the mistake: which ranks a sum holds, which two ranks passed one
+colour to ``comm.split``, a residual not carried, top-k by signed value, a sum for an average,
+PowerSGD's P not orthonormalised or Q not averaged."""
+
+from __future__ import annotations
+
+import torch
+
+from ..feedback import values
+from .comm_probe import local_of, node_of, powersgd_reference, topk_reference
+from .harness import contributors
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """"rank 3", "ranks 0 and 4", "ranks 0, 2 and 4"."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+
+
+def close(a, b) -> bool:
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(
+        a.double(), b.double(), rtol=1e-6, atol=1e-9)
+
+
+def differences(got, want) -> str:
+    """Where two tensors of one shape differ: the first few positions, with both values."""
+    wrong = (~torch.isclose(got.double(), want.double(), rtol=1e-6, atol=1e-9)).flatten()
+    at = wrong.nonzero().flatten().tolist()
+    shown = ", ".join(f"[{i}] = {float(got.flatten()[i]):.6g} (expected "
+                      f"{float(want.flatten()[i]):.6g})" for i in at[:3])
+    return f"{len(at)} of {got.numel()} values differ: {shown}" + (" ..." if len(at) > 3 else "")
+
+
+def mismatch(got, want, what: str) -> str:
+    """What is wrong with ``got`` (a learner's tensor) against ``want``, in one clause."""
+    if not isinstance(got, torch.Tensor):
+        return f"{what} is {type(got).__name__}, expected a tensor of shape {tuple(want.shape)}"
+    if got.shape != want.shape:
+        return (f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)} (got "
+                f"{values(got)})")
+    return f"{what}: {differences(got, want)}"
+
+
+def sum_hint(value: float, i: int, rank: int, per_node: int, world: int) -> str:
+    node = [r for r in range(world) if node_of(r, per_node) == node_of(rank, per_node)]
+    same = [r for r in range(world) if local_of(r, per_node) == local_of(rank, per_node)]
+    ranks = contributors(value, i, world)
+    if ranks == node and len(node) < world:
+        return (f"that is the sum over its own node only ({ranks_text(node)}): the "
+                "all_reduce across nodes is missing, or it did not reach this shard")
+    if ranks == same and len(same) < world:
+        return (f"that is the sum over the ranks with its local index only ("
+                f"{ranks_text(same)}): the reduce-scatter (and all-gather) inside the node is "
+                "missing, or covered another part of the tensor")
+    if ranks == [rank]:
+        return (f"that is rank {rank}'s own value: t was not changed (write the sum into "
+                "it, in place)")
+    for divisor in sorted({world, per_node, world // per_node} - {1}):
+        whole = value * divisor
+        if whole == round(whole) and contributors(whole, i, world) == list(range(world)):
+            return (f"that is the sum divided by {divisor}: an average crept in (op='avg'); "
+                    "all_reduce here means the sum, op='sum', at every step")
+    for times in (per_node, world // per_node, world):
+        if times > 1 and contributors(value / times, i, world) == list(range(world)):
+            return (f"that is every rank's value counted {times} times: each piece must be "
+                    "summed over the node once (reduce-scatter), over the nodes once "
+                    "(all_reduce of the shard), then only copied (all-gather)")
+    if ranks is not None:
+        return (f"that is the sum over {ranks_text(ranks)}: a group must be a whole node "
+                "(inside) or every rank with one local index (across)")
+    return "each rank must end with the sum over every rank, each value counted once"
+
+
+def split_hint(results: list[dict], per_node: int) -> str:
+    """A sentence naming two ranks that passed the same colour to one ``comm.split`` call
+    while they share neither a node nor a local index; '' if there are none."""
+    calls = [res["value"]["splits"] for res in results]
+    for j in range(min(len(c) for c in calls)):
+        groups: dict = {}
+        for rank, c in enumerate(calls):
+            if c[j][0] is not None:
+                groups.setdefault(c[j][0], []).append(rank)
+        for color, members in groups.items():
+            for a in members:
+                b = next((b for b in members if node_of(b, per_node) != node_of(a, per_node)
+                          and local_of(b, per_node) != local_of(a, per_node)), None)
+                if b is not None:
+                    return (f". In your comm.split call {j + 1}, rank {a} and rank {b} used "
+                            f"the same colour {color}, but rank {a} is on node "
+                            f"{node_of(a, per_node)} with local index {local_of(a, per_node)} "
+                            f"and rank {b} on node {node_of(b, per_node)} with local index "
+                            f"{local_of(b, per_node)}: the group inside a node takes colour "
+                            "rank // per_node, the group across nodes colour rank % per_node")
+    return ""
+
+
+def avg_hint(avg, grads, res_in, at: tuple, runs, grads_of) -> str:
+    k, step, rank = at
+    world = len(grads)
+    want, _, sent = topk_reference(grads, res_in, k)
+    if close(avg, world * want) and world > 1:
+        return (f"the result is the sum of the ranks' sparse gradients, not their average: "
+                f"divide by world_size ({world})")
+    if close(avg, topk_reference(grads, res_in, k, signed=True)[0]):
+        return ("the indices are those of the largest values by signed value, not by "
+                "magnitude: a large negative entry matters as much as a large positive one; "
+                "choose them by corrected.abs()")
+    if step > 0 and close(avg, topk_reference(grads, res_in, k, carry=False)[0]):
+        return ("the residual was not carried to the next step: here the top k were taken "
+                "from the gradient alone, without the residual handed in (add it first: "
+                "corrected = grad + residual); what was held back at step "
+                f"{step - 1} is lost for good. "
+                + drift_text(runs, step, grads_of))
+    if close(avg, sum(g + r for g, r in zip(grads, res_in)) / world):
+        return ("every entry was sent: keep only the k entries of largest magnitude on each "
+                "rank and zero the rest (that is the compression)")
+    if step > 0 and close(avg, sum(g * (s != 0) for g, s in zip(grads, sent)) / world):
+        return ("the right indices, but the values sent are the gradient's: send the "
+                "corrected values, grad + residual, at those indices")
+    if close(avg, sent[rank]) or close(avg, sent[rank] / world):
+        return ("that is this rank's own sparse gradient only: exchange the k values and "
+                "their indices with every rank (md.all_gather) and add them all up")
+    return ("each rank keeps the k entries of largest |grad + residual|; the result is the "
+            "average of those sparse vectors over the ranks")
+
+
+def drift_text(runs: list[list[dict]], step: int, grads_of) -> str:
+    """After the learner's steps 0..step: max |everything transmitted + the residuals - the
+    true gradients|, which error feedback keeps at 0 (nothing is lost, only delayed)."""
+    world = len(runs)
+    sent = sum(world * runs[0][s]["averaged"].double() for s in range(step + 1))
+    residuals = sum(run[step]["residual"].double() for run in runs)
+    true = sum(g for s in range(step + 1) for g in grads_of(s))
+    drift = float((sent + residuals - true).abs().max())
+    return (f"After {step + 1} steps the transmitted sum plus the residuals differs from the "
+            f"true sum of the gradients by up to {drift:.3g} (with error feedback it stays 0: "
+            "what is not sent now is sent later)")
+
+
+def residual_hint(res, corrected, grad, sent, step: int) -> str:
+    if isinstance(res, torch.Tensor) and res.shape == corrected.shape and \
+            not bool(res.any()):
+        return ("the new residual is all zeros: it must keep what this rank did not send, "
+                "corrected - sent (grad + residual with the k sent entries zeroed), for the "
+                "next step")
+    if close(res, corrected):
+        return ("the new residual still holds the k entries that were sent: zero them there, "
+                "or they are sent again at the next step")
+    if step > 0 and close(res, grad - sent):
+        return ("the residual was not carried to the next step: the new residual dropped the "
+                "residual handed in; new_residual = grad + residual - sent")
+    if close(res, sent):
+        return ("the residual holds the sent entries and zeros elsewhere: the reverse; keep "
+                "what was NOT sent")
+    return ("new_residual = (grad + residual) - this rank's own sparse vector (not the "
+            "average)")
+
+
+def power_hint(approx, Ms, Q, rank: int) -> str:
+    hints = {"no_orth": "P was not orthonormalised before Q = M^T P: without it P Q^T is not "
+                        "a projection of M (torch.linalg.qr(P).Q)",
+             "orth_before_avg": "each rank orthonormalised its own P before averaging: "
+                                "all-reduce (average) P first, then orthonormalise, so every "
+                                "rank holds the same basis",
+             "sum": "the sum, not the average: divide the all-reduced P and Q by world_size",
+             "local_q": "Q = M^T P was not averaged over the ranks, so M_hat approximates "
+                        "this rank's M, not the average of every rank's"}
+    for variant, text in hints.items():
+        if close(approx, powersgd_reference(Ms, Q, rank, variant)[0]):
+            return text
+    return ("P = M Q averaged over the ranks, orthonormalised; Q = M^T P averaged; "
+            "M_hat = P Q^T")
