@@ -13,5 +13,6 @@ BENCHMARKS = {
     "hybrid": "minidist.bench.hybrid",
     "amp": "minidist.bench.amp",
     "elastic": "minidist.bench.elastic",
+    "costmodel": "minidist.bench.costmodel",
     "comm": "minidist.bench.comm",
 }

@@ -40,7 +40,8 @@ def transformer_params(layers: int, hidden: int, vocab: int, seq: int) -> int:
 ZERO_STAGES = (0, 1, 2, 3)
 
 
-def zero_memory(params, dp: int, stage: int, optimizer_bytes=12) -> dict[str, float]:
+def zero_memory(params, dp: int, stage: int, optimizer_bytes=12, param_bytes=2,
+                grad_bytes=2) -> dict[str, float]:
     """Bytes of model state per rank in mixed-precision training with ZeRO (Rajbhandari et
     al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", SC 2020,
     Figure 1 and section 5).
@@ -59,7 +60,9 @@ def zero_memory(params, dp: int, stage: int, optimizer_bytes=12) -> dict[str, fl
     The paper's example, Psi = 7.5e9, Nd = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB.
     Returns {"params", "grads", "optimizer", "total"} in bytes (exact quotients; a real
     rank pads its shard to a whole element, as ``md.ZeRO`` does). Activations, buffers and
-    fragmentation are not included.
+    fragmentation are not included. ``param_bytes`` and ``grad_bytes`` (2: fp16) change the
+    2s of the table: plain fp32 training is param_bytes = grad_bytes = 4 with K = 8 (Adam's
+    momentum and variance, the parameters being their own master copy).
     """
     if isinstance(params, bool) or not isinstance(params, numbers.Real) or params <= 0:
         raise ValueError(f"params must be a positive number of parameters, got {params!r}")
@@ -70,8 +73,11 @@ def zero_memory(params, dp: int, stage: int, optimizer_bytes=12) -> dict[str, fl
             or optimizer_bytes < 0:
         raise ValueError(f"optimizer_bytes (K, bytes of optimizer state per parameter) must "
                          f"be >= 0, got {optimizer_bytes!r}")
-    out = {"params": 2.0 * params / (nd if stage >= 3 else 1),
-           "grads": 2.0 * params / (nd if stage >= 2 else 1),
+    for name, value in (("param_bytes", param_bytes), ("grad_bytes", grad_bytes)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0:
+            raise ValueError(f"{name} must be a positive number of bytes, got {value!r}")
+    out = {"params": float(param_bytes) * params / (nd if stage >= 3 else 1),
+           "grads": float(grad_bytes) * params / (nd if stage >= 2 else 1),
            "optimizer": float(optimizer_bytes) * params / (nd if stage >= 1 else 1)}
     out["total"] = out["params"] + out["grads"] + out["optimizer"]
     return out
@@ -106,3 +112,27 @@ def bubble_overhead(stages: int, microbatches: int, chunks: int = 1) -> float:
     p, m = _count(stages, "stages"), _count(microbatches, "microbatches")
     v = _count(chunks, "chunks (model chunks per stage)")
     return (p - 1) / (v * m)
+
+
+SECONDS_PER_DAY = 86400.0
+
+
+def training_days(params, tokens, gpus: int, flops_per_gpu, recompute: bool = True) -> float:
+    """Days to train ``params`` parameters on ``tokens`` tokens with ``gpus`` GPUs that each
+    sustain ``flops_per_gpu`` FLOP/s: Narayanan et al. (SC 2021, section 5.1, equation 4)
+
+        end-to-end time ~ 8 T P / (n X)        (6 T P / (n X) without recomputation)
+
+    since each token costs 6 P FLOPs forward and backward (2 P forward, 4 P backward; Kaplan
+    et al. 2020's C = 6 N D) and recomputing the forward adds 2 P. The paper's example:
+    GPT-3 (P = 175e9), T = 300e9 tokens, n = 1024 A100s at X = 140 TFLOP/s: 34 days. The
+    ``(V + s) / (12 l h)`` and ``s / (6 h)`` terms of the exact count are left out, as in the
+    paper (they add ~6% for GPT-3: ``Prediction.days`` uses the exact count).
+    """
+    for name, value in (("params", params), ("tokens", tokens),
+                        ("flops_per_gpu", flops_per_gpu)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0:
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
+    n = _count(gpus, "gpus")
+    per_token = 8 if recompute else 6
+    return per_token * tokens * params / (n * flops_per_gpu) / SECONDS_PER_DAY

@@ -12,7 +12,7 @@ runs m = B / (dp b) micro-batches per step. Per GPU (mixed precision, 2-byte act
 * activations (Korthikanti et al. 2022, tensor parallel without sequence parallelism):
   s b h (10 + 24/tp + 5 a s / (h tp)) bytes per layer per micro-batch; with 1F1B the first
   stage keeps min(pp, m) micro-batches of its l/pp layers;
-* compute: F = 72 B s l h^2 (1 + s / (6 h) + V / (16 l h)) FLOPs per step (forward and
+* compute: F = 72 B s l h^2 (1 + s / (6 h) + V / (12 l h)) FLOPs per step (forward and
   backward; the paper's 96 counts activation recomputation), t = F / (N X) at X FLOP/s
   per GPU; the bubble adds t (pp - 1) / m (``bubble_overhead``);
 * tp: 4 all-reduces of b s h 2 bytes per layer per micro-batch, on the critical path:
@@ -21,6 +21,10 @@ runs m = B / (dp b) micro-batches per step. Per GPU (mixed precision, 2-byte act
   beta) (Megatron's scatter/gather would divide the bytes by tp; not done here);
 * dp: one ring all-reduce of the 2 Psi / (pp tp) gradient bytes per step, not overlapped
   (ZeRO 1 and 2 move the same bytes, 1.5x for stage 3).
+
+``md.costmodel`` (``predict``, ``search_plans``) is the fuller model (ZeRO stages,
+recomputation, sequence parallelism, interleaving, precisions); this module keeps the
+layout sweep the hybrid lesson and ``minidist bench hybrid`` use.
 
 Each dimension's link is the cluster's slowest one its groups cross: with the mesh row-major
 and rank r on node r // per_node, tp (last, adjacent ranks) stays inside a node whenever
@@ -32,24 +36,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..collectives import costs as collective_costs
-from ..costmodel import bubble_overhead, transformer_params, zero_memory
+from ..costmodel import GPTShape, Plan, bubble_overhead, zero_memory
+from ..costmodel import activation_bytes as costmodel_activation_bytes
+from ..costmodel import step_flops as costmodel_step_flops
+from ..costmodel.planner import layouts
 from ..transports.network import Link
 from .mesh import groups
 
-
-@dataclass(frozen=True)
-class LargeGPT:
-    """A transformer described by its shape only (nothing is allocated)."""
-    layers: int
-    hidden: int
-    heads: int
-    vocab: int
-    seq: int
-    name: str = ""
-
-    @property
-    def params(self) -> int:
-        return transformer_params(self.layers, self.hidden, self.vocab, self.seq)
+LargeGPT = GPTShape  # a transformer described by its shape only (``md.costmodel``)
 
 
 @dataclass(frozen=True)
@@ -69,12 +63,6 @@ class Cluster:
         return self.nodes * self.per_node
 
 
-def layouts(world: int) -> list[tuple[int, int, int]]:
-    """Every (dp, pp, tp) with dp pp tp = world, dp largest first."""
-    return [(dp, pp, world // (dp * pp)) for dp in range(world, 0, -1) if world % dp == 0
-            for pp in range(1, world // dp + 1) if (world // dp) % pp == 0]
-
-
 def crosses_nodes(layout: tuple[int, int, int], dim: str, per_node: int) -> bool:
     """Whether a group along ``dim`` of the row-major {"dp", "pp", "tp"} mesh spans nodes."""
     shape = dict(zip(("dp", "pp", "tp"), layout))
@@ -85,17 +73,17 @@ def _ring(nbytes: float, p: int, link: Link) -> float:
     return 0.0 if p == 1 else collective_costs.ring_time(nbytes, p, link.alpha, link.bandwidth)
 
 
-def activation_bytes(model: LargeGPT, tp: int, pp: int, m: int, microbatch: int) -> float:
-    """Bytes of activations the first pipeline stage keeps under 1F1B (Korthikanti et al.)."""
-    s, h, a, b = model.seq, model.hidden, model.heads, microbatch
-    per_layer = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
-    return per_layer * (model.layers / pp) * min(pp, m)
+def activation_bytes(model: GPTShape, tp: int, pp: int, m: int, microbatch: int) -> float:
+    """Bytes of activations the first pipeline stage keeps under 1F1B (Korthikanti et al.;
+    ``md.costmodel.activation_bytes`` of the same plan)."""
+    plan = Plan(pp=pp, tp=tp, microbatches=m, micro_batch_size=microbatch)
+    return costmodel_activation_bytes(model, plan)
 
 
-def step_flops(model: LargeGPT, batch: int) -> float:
-    """72 B s l h^2 (1 + s / 6h + V / 16 l h): one step's forward and backward FLOPs."""
-    s, h, n = model.seq, model.hidden, model.layers
-    return 72 * batch * s * n * h * h * (1 + s / (6 * h) + model.vocab / (16 * n * h))
+def step_flops(model: GPTShape, batch: int) -> float:
+    """72 B s l h^2 (1 + s / 6h + V / 12 l h): one step's forward and backward FLOPs
+    (``md.costmodel.step_flops`` without recomputation)."""
+    return costmodel_step_flops(model, batch)
 
 
 def predict(model: LargeGPT, cluster: Cluster, layout: tuple[int, int, int], batch: int,
