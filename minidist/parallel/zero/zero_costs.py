@@ -74,6 +74,8 @@ def zero_step_bytes(group_numels: list[int], dp: int, stage: int, elem_bytes: in
 def zero_step_time(numel: int, dp: int, stage: int, alpha: float, beta: float,
                    elem_bytes: int = 2) -> float:
     """Seconds of communication per step on a ring, alpha-beta model: each collective is
-    (p - 1) steps of one shard, (p - 1) (alpha + ceil(Psi / p) * bytes * beta)."""
+    (p - 1) steps of one shard, (p - 1) (alpha + ceil(Psi / p) * bytes * beta). Here
+    ``beta`` is seconds per byte (Hockney's form: pass ``1 / link.bandwidth``), not the
+    bytes per second that ``collectives.costs.time`` takes."""
     calls = sum(collectives_per_step(stage).values())
     return calls * (dp - 1) * (alpha + shard_numel(numel, dp) * elem_bytes * beta)
