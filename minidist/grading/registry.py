@@ -24,6 +24,7 @@ EXERCISES = {
     "07_hybrid_parallelism": "minidist.grading.checks.hybrid",
     "08_mixed_precision": "minidist.grading.checks.mixed_precision",
     "09_communication_efficiency": "minidist.grading.checks.comm_efficiency",
+    "10_bug_zoo": "minidist.grading.checks.bug_zoo",
 }
 
 

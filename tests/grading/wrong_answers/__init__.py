@@ -58,9 +58,10 @@ def all_wrong() -> list[Wrong]:
         exercise_07,
         exercise_08,
         exercise_09,
+        exercise_10,
     )
 
     return [*exercise_00.WRONG, *exercise_01.WRONG, *exercise_02.WRONG,
             *exercise_02_buckets.WRONG, *exercise_03.WRONG, *exercise_04.WRONG,
             *exercise_05.WRONG, *exercise_06.WRONG, *exercise_07.WRONG, *exercise_08.WRONG,
-            *exercise_09.WRONG, *bypasses.WRONG]
+            *exercise_09.WRONG, *exercise_10.WRONG, *bypasses.WRONG]
