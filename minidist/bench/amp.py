@@ -40,12 +40,20 @@ import torch
 from torch import nn
 
 from ..launch import launch
-from ..models import GPT, CharText, GPTConfig, lm_loss
+from ..models import GPT, CharText, lm_loss
 from ..parallel.amp import GradScaler, MixedPrecision, all_reduce_bytes
 from ..parallel.data import DistributedDataParallel
 from ..parallel.zero.flat_shards import storage_bytes
 from ..transports.network import Link, Network
-from .timing import best_of_rounds, format_table, quick_mode, save_json
+from .timing import (
+    add_common_arguments,
+    best_of_rounds,
+    format_table,
+    gpt_config,
+    pyplot,
+    quick_mode,
+    save_outputs,
+)
 
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 IMPLS = ("minidist", "torch")
@@ -54,28 +62,20 @@ QUICK = {"n_embd": 32, "n_layer": 1, "block": 16, "batch": 4, "steps": 4, "round
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--quick", action="store_true", help="a tiny GPT, few steps (CI)")
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    parser.add_argument("--plot", metavar="PATH", help="save a plot")
+    add_common_arguments(parser, "a tiny GPT, few steps (CI)")
     parser.add_argument("--world-size", type=int, default=2, help="ranks (default 2)")
-    parser.add_argument("--rounds", type=int, help="repeat each run, report the best")
     parser.add_argument("--torch-compress", action="store_true",
                         help="torch rows all-reduce in 16 bits too (torch's compress hooks)")
     parser.add_argument("--bandwidth", type=float, metavar="GB/s",
                         help="run the minidist rows on an emulated network of this bandwidth")
 
 
-def _config(cfg: dict) -> GPTConfig:
-    return GPTConfig(vocab_size=96, block_size=cfg["block"], n_layer=cfg["n_layer"],
-                     n_head=4 if cfg["n_embd"] >= 64 else 2, n_embd=cfg["n_embd"])
-
-
 def _minidist_step(comm, precision: str, cfg: dict):
     """Build the minidist trainer; return (one training step, the state to measure)."""
     dtype = PRECISIONS[precision]
     scaler = GradScaler(comm=comm) if dtype == torch.float16 else None
-    mp = MixedPrecision(GPT(_config(cfg)), torch.optim.AdamW, dtype=dtype, scaler=scaler,
-                        lr=1e-3)
+    mp = MixedPrecision(GPT(gpt_config(cfg, tie_weights=True)), torch.optim.AdamW, dtype=dtype,
+                        scaler=scaler, lr=1e-3)
     ddp = DistributedDataParallel(mp.model, comm)
 
     def step(x, y) -> float:
@@ -91,7 +91,7 @@ def _minidist_step(comm, precision: str, cfg: dict):
 def _torch_step(comm, precision: str, cfg: dict):
     """torch's recipe: float32 model, autocast forward, torch.amp.GradScaler, torch DDP."""
     dtype = PRECISIONS[precision]
-    model = GPT(_config(cfg))
+    model = GPT(gpt_config(cfg, tie_weights=True))
     ddp = nn.parallel.DistributedDataParallel(model)
     if cfg["torch_compress"] and dtype != torch.float32:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as hooks
@@ -154,7 +154,7 @@ def measure(impl: str, precision: str, cfg: dict) -> dict:
            "final_loss": statistics.mean(x for r in ranks for x in r["losses"][-5:]),
            "skipped": r0["skipped"], "bytes": r0["sent"], "bytes_source": "comm.stats"}
     if impl == "torch":  # gloo does not count bytes: the ring formula for its gradients
-        n = GPT(_config(cfg)).num_params()
+        n = GPT(gpt_config(cfg, tie_weights=True)).num_params()
         dtype = PRECISIONS[precision] if cfg["torch_compress"] else torch.float32
         out["bytes"], out["bytes_source"] = all_reduce_bytes(n, p, dtype), "formula"
     return out
@@ -211,7 +211,7 @@ def main(args) -> dict:
         raise ValueError(f"--world-size must be at least 2 (DDP), got {args.world_size}")
     cfg = dict(preset, world_size=args.world_size, torch_compress=args.torch_compress,
                bandwidth=args.bandwidth)
-    n = GPT(_config(cfg)).num_params()
+    n = GPT(gpt_config(cfg, tie_weights=True)).num_params()
     print(f"GPT {cfg['n_layer']} layers x {cfg['n_embd']} ({n / 1e6:.2f} M parameters), batch "
           f"{cfg['batch']} x {cfg['block']} tokens per rank, {cfg['world_size']} ranks, AdamW, "
           f"one torch thread per rank\nCPU: torch capability "
@@ -232,19 +232,11 @@ def main(args) -> dict:
                   f"{r['bytes_vs_fp32']:.2f}x the bytes of its fp32 run")
     result = {"config": dict(cfg, parameters=n, cpu_16bit_units=cpu_16bit_units()),
               "rows": rows}
-    if args.json:
-        save_json(args.json, result)
-    if args.plot:
-        plot(rows, args.plot)
-    return result
+    return save_outputs(args, result, lambda path: plot(rows, path))
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     by = {(r["precision"], r["impl"]): r for r in rows}
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     panels = (("ms", "ms per step", "Step time (lower is better)"),

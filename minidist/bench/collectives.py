@@ -29,7 +29,15 @@ from ..collectives import shared_memory as shm_collectives
 from ..collectives.agreement import agree, describe
 from ..collectives.auto import choose
 from ..launch import launch
-from .timing import format_table, iterations_for, median_time, quick_mode, save_json
+from .timing import (
+    add_common_arguments,
+    format_table,
+    iterations_for,
+    median_time,
+    pyplot,
+    quick_mode,
+    save_outputs,
+)
 
 SIZES = [4 << (2 * k) for k in range(13)]  # 4 B, 16 B, ..., 64 MiB
 QUICK_SIZES = [4, 1024, 64 << 10, 1 << 20, 16 << 20]
@@ -41,9 +49,8 @@ MODEL = ("fit: per world size and all_reduce path, alpha (seconds per message or
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--quick", action="store_true", help="a short sweep (CI does this)")
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    parser.add_argument("--plot", metavar="PATH", help="save a bus-bandwidth plot")
+    add_common_arguments(parser, "a short sweep (CI does this)",
+                         plot_help="save a bus-bandwidth plot", rounds=False)
     parser.add_argument("--world-sizes", default="2,4", help="comma-separated (default 2,4)")
     parser.add_argument("--max-size", type=int, help="largest size in bytes")
 
@@ -157,11 +164,7 @@ def main(args) -> dict:
                                 for a, (al, be) in f.items()} for p, f in fits.items()},
               "fit": {p: {a: {"alpha": al, "beta": be} for a, (al, be) in f.items()}
                       for p, f in model.items()}}
-    if args.json:
-        save_json(args.json, result)
-    if args.plot:
-        plot(rows, args.plot)
-    return result
+    return save_outputs(args, result, lambda path: plot(rows, path))
 
 
 def _print_fits(fits, model) -> None:
@@ -195,11 +198,7 @@ def _print_goals(rows) -> None:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     worlds = sorted({r["world_size"] for r in rows})
     fig, axes = plt.subplots(1, len(worlds), figsize=(6 * len(worlds), 4.5), squeeze=False)
     for ax, p in zip(axes[0], worlds):

@@ -45,7 +45,15 @@ from ..collectives import all_reduce, cluster_costs
 from ..collectives.topology import Topology, topology_of
 from ..launch import launch
 from ..transports.network import Link, Network
-from .timing import best_of_rounds, format_table, human_bytes, quick_mode, save_json
+from .timing import (
+    add_common_arguments,
+    best_of_rounds,
+    format_table,
+    human_bytes,
+    pyplot,
+    quick_mode,
+    save_json,
+)
 
 INTRA = Link(alpha=10e-6, bandwidth=1e9, name="8 Gb/s (emulated)")
 INTER = Link(alpha=80e-6, bandwidth=125e6, name="1 Gb/s (emulated)")
@@ -57,12 +65,9 @@ GOAL = 1.5
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--quick", action="store_true", help="2 x 2 ranks, two sizes (CI)")
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    parser.add_argument("--plot", metavar="PATH", help="save a plot")
+    add_common_arguments(parser, "2 x 2 ranks, two sizes (CI)")
     parser.add_argument("--only", choices=("topology", "compression"),
                         help="run one half only")
-    parser.add_argument("--rounds", type=int, help="repeat each run, report the best")
     parser.add_argument("--sizes", metavar="LIST", help="bytes, comma-separated")
     compression = _compression()
     if compression is not None:
@@ -228,11 +233,7 @@ def main(args) -> dict:
 
 
 def plot(result: dict, path: str, compression=None) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     halves = [h for h in ("topology", "compression") if h in result]
     fig, grid = plt.subplots(len(halves), 3, figsize=(16.5, 4.4 * len(halves)), squeeze=False)
     for axes, half in zip(grid, halves):  # one row per half: 3 panels, then 2 and a blank

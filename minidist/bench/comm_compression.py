@@ -36,10 +36,10 @@ from torch import nn
 
 from ..compression import PowerSGD, TopK, dense_bytes, fp16_hook, powersgd_bytes
 from ..launch import launch
-from ..models import GPT, CharText, GPTConfig, lm_loss
+from ..models import GPT, CharText, lm_loss
 from ..parallel.data import DistributedDataParallel, LocalSGD
 from ..transports.network import Link, Network
-from .timing import best_of_rounds, format_table, quick_mode
+from .timing import best_of_rounds, format_table, gpt_config, quick_mode
 
 MINIDIST = ("none", "fp16", "top-k", "PowerSGD", "local SGD")
 TORCH = ("none", "fp16", "PowerSGD")
@@ -61,11 +61,6 @@ def add_arguments(parser) -> None:
                         help="emulated link bandwidth (default 0.125: 1 GbE)")
     parser.add_argument("--ddp-latency", type=float, default=50e-6, metavar="S",
                         help="emulated link latency in seconds (default 50e-6)")
-
-
-def gpt_config(cfg: dict) -> GPTConfig:
-    return GPTConfig(vocab_size=96, block_size=cfg["block"], n_layer=cfg["n_layer"],
-                     n_head=4 if cfg["n_embd"] >= 64 else 2, n_embd=cfg["n_embd"])
 
 
 def _minidist_wrapper(comm, method: str, model: nn.Module, cfg: dict):
@@ -97,7 +92,7 @@ def _torch_wrapper(comm, method: str, model: nn.Module, cfg: dict):
 
 def _run_rank(comm, impl: str, method: str, cfg: dict) -> dict:
     torch.manual_seed(0)
-    model = GPT(gpt_config(cfg))
+    model = GPT(gpt_config(cfg, tie_weights=True))
     wrap = _minidist_wrapper if impl == "minidist" else _torch_wrapper
     ddp, after_step, hook = wrap(comm, method, model, cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -176,7 +171,7 @@ def _cases(cfg: dict) -> list[tuple[dict, object]]:
 
 def derive(rows: list[dict], cfg: dict) -> list[dict]:
     """Add ms, bytes per step (torch: formula), bytes against no compression, error."""
-    model = GPT(gpt_config(cfg))
+    model = GPT(gpt_config(cfg, tie_weights=True))
     for r in rows:
         r["ms"] = r["step_s"] * 1e3
         r["bytes_source"] = "comm.stats" if r["impl"] == "minidist" else "formula"
@@ -201,7 +196,7 @@ COLUMNS = [("label", "network", "s"), ("impl", "impl", "s"), ("method", "method"
 def measure(args) -> dict:
     """Run every case, print the table and the goal; return the JSON-able result."""
     cfg = _config(args)
-    n_params = GPT(gpt_config(cfg)).num_params()
+    n_params = GPT(gpt_config(cfg, tie_weights=True)).num_params()
     print(f"GPT {cfg['n_layer']} layers x {cfg['n_embd']} ({n_params / 1e6:.2f} M parameters),"
           f" {cfg['world_size']} ranks, batch {cfg['batch']} x {cfg['block']} per rank, "
           f"{cfg['steps']} steps, top-k ratio {cfg['topk_ratio']:g}, local SGD period "

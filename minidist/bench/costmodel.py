@@ -39,11 +39,20 @@ import torch
 from ..collectives.auto import costs_table
 from ..costmodel import Cluster, GPTShape, Plan, model_flops, predict
 from ..launch import launch
-from ..models import GPTConfig, synthetic_tokens
+from ..models import synthetic_tokens
 from ..parallel.hybrid import HybridGPT
 from ..parallel.mesh import DeviceMesh
 from ..transports.network import Link, Network
-from .timing import best_of_rounds, format_table, median_time, quick_mode, save_json
+from .timing import (
+    add_common_arguments,
+    best_of_rounds,
+    format_table,
+    gpt_config,
+    median_time,
+    pyplot,
+    quick_mode,
+    save_outputs,
+)
 
 ALONE = "alone"
 CASES = (("DDP", ("p", 1, 1), None), ("ZeRO-1", ("p", 1, 1), 1),
@@ -57,18 +66,10 @@ EMULATED = Link.ethernet_25g()
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--quick", action="store_true", help="a small model, few steps (CI)")
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    parser.add_argument("--plot", metavar="PATH", help="save a plot")
+    add_common_arguments(parser, "a small model, few steps (CI)")
     parser.add_argument("--world-sizes", metavar="LIST", help="comma-separated, e.g. 2,4")
-    parser.add_argument("--rounds", type=int, help="repeat each run, report the best")
     parser.add_argument("--emulated", action="store_true",
                         help="also run every row on an emulated 25 GbE network")
-
-
-def _config(cfg: dict) -> GPTConfig:
-    return GPTConfig(vocab_size=cfg["vocab"], block_size=cfg["block"], n_layer=cfg["n_layer"],
-                     n_head=cfg["n_head"], n_embd=cfg["n_embd"], tie_weights=False)
 
 
 def plan_for(layout: tuple[int, int, int], zero: int | None, batch: int) -> Plan:
@@ -85,7 +86,7 @@ def _rank(comm, layout, cfg: dict, zero: int | None, alone: bool = False) -> dic
     mesh = DeviceMesh(comm.split(comm.rank) if alone else comm,
                       dict(zip(("dp", "pp", "tp"), layout)))
     plan = plan_for(layout, zero, batch)
-    model = HybridGPT(_config(cfg), mesh, plan.microbatches, zero_stage=zero,
+    model = HybridGPT(gpt_config(cfg), mesh, plan.microbatches, zero_stage=zero,
                       optimizer_class=torch.optim.AdamW, algorithm="ring", lr=1e-3)
     x, y = synthetic_tokens(1, batch, cfg["block"], cfg["vocab"], seed=comm.rank)[0]
     step_s = median_time(lambda: model.step(x, y), cfg["steps"], warmup=1)
@@ -138,7 +139,7 @@ def machine_cluster(world: int, flops_per_rank: float, emulated: bool) -> Cluste
 def add_predictions(rows: list[dict], cfg: dict) -> dict[int, float]:
     """Predict every row with the rate its world size's ``alone`` row measured; returns
     {world size: FLOP/s per rank}."""
-    shape = GPTShape.from_config(_config(cfg))
+    shape = GPTShape.from_config(gpt_config(cfg))
     rates = {r["world"]: model_flops(shape, cfg["batch"] // r["world"]) / r["step_s"]
              for r in rows if r["strategy"] == ALONE}
     for r in rows:
@@ -169,7 +170,7 @@ def main(args) -> dict:
     cfg = dict(QUICK if quick else FULL)
     world_sizes = ([int(w) for w in args.world_sizes.split(",")] if args.world_sizes
                    else list(cfg["world_sizes"]))
-    shape = GPTShape.from_config(_config(cfg))
+    shape = GPTShape.from_config(gpt_config(cfg))
     print(f"Measured here: GPT {cfg['n_layer']} layers x {cfg['n_embd']} ({shape.params / 1e6:.2f}"
           f" M parameters), batch {cfg['batch']} x {cfg['block']} tokens, AdamW, float32, "
           f"ring all-reduces, one torch thread per rank, {os.cpu_count()} cores\n")
@@ -184,19 +185,11 @@ def main(args) -> dict:
           "(predicted: 16 B x Psi / (pp tp), ZeRO dividing by dp).")
     result = {"config": dict(cfg, parameters=shape.params), "rows": rows,
               "gflops_per_rank": {p: x / 1e9 for p, x in rates.items()}}
-    if args.json:
-        save_json(args.json, result)
-    if args.plot:
-        plot(rows, args.plot)
-    return result
+    return save_outputs(args, result, lambda path: plot(rows, path))
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     labels = [(f"alone, {r['world']} ranks" if r["strategy"] == ALONE else
                f"{r['strategy']} {r['layout']}") + (" 25GbE" if r["network"] != "this machine"
                                                    else "") for r in rows]

@@ -35,7 +35,14 @@ from torch import nn
 from ..launch import launch
 from ..models import mlp
 from ..parallel.data import DataParallelNaive, DistributedDataParallel
-from .timing import best_of_rounds, format_table, quick_mode, save_json
+from .timing import (
+    add_common_arguments,
+    best_of_rounds,
+    format_table,
+    pyplot,
+    quick_mode,
+    save_outputs,
+)
 
 VARIANTS = ("minidist overlap", "minidist after", "minidist naive", "torch DDP")
 FULL = {"width": 1024, "depth": 5, "steps": 30, "world_sizes": (1, 2, 4), "rounds": 5}
@@ -43,15 +50,12 @@ QUICK = {"width": 256, "depth": 3, "steps": 6, "world_sizes": (1, 2), "rounds": 
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--quick", action="store_true", help="a small model, few steps (CI)")
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    parser.add_argument("--plot", metavar="PATH", help="save a plot")
+    add_common_arguments(parser, "a small model, few steps (CI)")
     parser.add_argument("--world-sizes", metavar="LIST", help="comma-separated, e.g. 1,2,4")
     parser.add_argument("--batch", type=int, default=16, help="samples per rank per step")
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="both DDPs")
     parser.add_argument("--bucket-view", action="store_true",
                         help="gradient_as_bucket_view=True on both DDPs")
-    parser.add_argument("--rounds", type=int, help="repeat each run, report the best")
 
 
 make_mlp = mlp  # the lesson's name for it
@@ -151,19 +155,11 @@ def main(args) -> dict:
     for r in rows:
         if r["world_size"] == 2 and r["variant"] != "torch DDP":
             print(f"world size 2, {r['variant']}: {r['vs_torch']:.2f}x the steps/s of torch DDP")
-    if args.json:
-        save_json(args.json, result)
-    if args.plot:
-        plot(rows, args.plot)
-    return result
+    return save_outputs(args, result, lambda path: plot(rows, path))
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     sizes = sorted({r["world_size"] for r in rows})
     by = {(r["world_size"], r["variant"]): r for r in rows}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))

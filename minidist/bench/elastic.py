@@ -40,7 +40,7 @@ from torch import nn
 from ..models import mlp
 from ..parallel import elastic
 from ..parallel.data import DistributedDataParallel
-from .timing import format_table, quick_mode, save_json
+from .timing import add_common_arguments, format_table, pyplot, quick_mode, save_outputs
 
 FULL = {"width": 512, "depth": 4, "batch": 48, "steps": 24, "fail_at": 15, "world": 3,
         "commit_every": (1, 2, 4, 8), "rounds": 2}
@@ -54,16 +54,13 @@ COLUMNS = [("impl", "agent", ""), ("k", "k", "d"), ("step_ms", "step ms", ".1f")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--quick", action="store_true", help="a small model, few steps (CI)")
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    parser.add_argument("--plot", metavar="PATH", help="save a plot")
+    add_common_arguments(parser, "a small model, few steps (CI)")
     parser.add_argument("--commit-every", metavar="LIST", help="commit intervals, e.g. 1,2,4")
     parser.add_argument("--mtbf", type=float, default=3600.0,
                         help="seconds between failures for Young's interval (default 3600)")
     parser.add_argument("--no-torch", action="store_true", help="skip torchrun's agent")
     parser.add_argument("--torch-timeout", type=float, default=90.0,
                         help="seconds before a torchrun run counts as hung and is killed")
-    parser.add_argument("--rounds", type=int, help="repeat each run, report the best")
 
 
 def _data(cfg: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -249,11 +246,7 @@ def main(args) -> dict:
                   "(killed; torchrun's restart hung in gloo's re-rendezvous)")
     _print_young(rows, args.mtbf)
     result = {"config": preset, "rows": rows, "mtbf_s": args.mtbf}
-    if args.json:
-        save_json(args.json, result)
-    if args.plot:
-        plot(rows, args.plot)
-    return result
+    return save_outputs(args, result, lambda path: plot(rows, path))
 
 
 def _print_young(rows: list[dict], mtbf: float) -> None:
@@ -271,11 +264,7 @@ def _print_young(rows: list[dict], mtbf: float) -> None:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for impl in dict.fromkeys(r["impl"] for r in rows):
         mine = [r for r in rows if r["impl"] == impl and r["finished"]]

@@ -25,6 +25,8 @@ from contextlib import contextmanager
 
 import torch
 
+from .timing import add_common_arguments, format_table, save_outputs
+
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL, "SIGHUP": signal.SIGHUP}
 _SUBREAPER = 36  # PR_SET_CHILD_SUBREAPER
 _RANK_SCRIPT = "import minidist as md\ncomm = md.init()\ncomm.barrier()\n"
@@ -236,7 +238,8 @@ def summarize(trials: list[dict]) -> list[dict]:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--quick", action="store_true", help="50 kills instead of 1000")
+    add_common_arguments(parser, "50 kills instead of 1000", plot_help=None, rounds=False,
+                         json_help="write the trials and table as JSON")
     parser.add_argument("--kills", type=int, help="how many callers to kill")
     parser.add_argument("--scenarios", default="launch",
                         help="comma-separated: launch (md.launch of 4 ranks), nested (a "
@@ -244,12 +247,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--settle", type=float, default=10.0,
                         help="seconds after a kill before leftovers count as a hang")
-    parser.add_argument("--json", metavar="PATH", help="write the trials and table as JSON")
 
 
 def main(args) -> None:
-    from .timing import format_table, save_json
-
     if not sys.platform.startswith("linux"):
         raise SystemExit("minidist bench faults needs Linux (/dev/shm, /proc, subreapers)")
     kills = args.kills if args.kills is not None else (50 if args.quick else 1000)
@@ -269,6 +269,4 @@ def main(args) -> None:
         ("finished", "done first", "d"), ("segments", "segments left", "d"),
         ("procs", "processes left", "d"), ("hangs", "hangs", "d"),
         ("worst_ms", "worst clean-up ms", ".0f")]))
-    if args.json:
-        save_json(args.json, {"kills": kills, "spans_s": spans, "rows": rows,
-                              "trials": trials})
+    save_outputs(args, {"kills": kills, "spans_s": spans, "rows": rows, "trials": trials})

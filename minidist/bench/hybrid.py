@@ -37,7 +37,7 @@ from functools import partial
 import torch
 
 from ..launch import launch
-from ..models import GPT, GPTConfig, lm_loss, synthetic_tokens
+from ..models import GPT, lm_loss, synthetic_tokens
 from ..parallel.hybrid import HybridGPT
 from ..parallel.hybrid_costs import (
     Cluster,
@@ -50,7 +50,15 @@ from ..parallel.hybrid_costs import (
 from ..parallel.mesh import DeviceMesh
 from ..parallel.zero.flat_shards import storage_bytes
 from ..transports.network import Link, Network
-from .timing import best_of_rounds, format_table, quick_mode, save_json
+from .timing import (
+    add_common_arguments,
+    best_of_rounds,
+    format_table,
+    gpt_config,
+    pyplot,
+    quick_mode,
+    save_outputs,
+)
 
 EMULATED = "minidist (emulated)"
 VARIANTS = ("minidist", "minidist ZeRO-1", "torch", EMULATED)
@@ -65,19 +73,11 @@ LARGE_BATCH = 64
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--quick", action="store_true", help="a tiny GPT on 4 ranks (CI)")
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    parser.add_argument("--plot", metavar="PATH", help="save a plot")
-    parser.add_argument("--rounds", type=int, help="repeat each run, report the best")
+    add_common_arguments(parser, "a tiny GPT on 4 ranks (CI)")
     parser.add_argument("--world", type=int, help="ranks (default 8; 4 in quick mode)")
     parser.add_argument("--network", action="store_true",
                         help="also run minidist on an emulated cluster of 2 nodes (NVLink 4 "
                              "inside, 25 GbE across)")
-
-
-def _config(cfg: dict) -> GPTConfig:
-    return GPTConfig(vocab_size=cfg["vocab"], block_size=cfg["block"], n_layer=cfg["n_layer"],
-                     n_head=cfg["n_head"], n_embd=cfg["n_embd"], tie_weights=False)
 
 
 def _microbatches(layout: tuple[int, int, int], batch: int) -> int:
@@ -98,7 +98,7 @@ def _timed(step, steps: int) -> float:
 
 def _minidist_rank(comm, layout, cfg: dict, zero_stage, algorithm: str) -> dict:
     mesh = DeviceMesh(comm, dict(zip(("dp", "pp", "tp"), layout)))
-    model = HybridGPT(_config(cfg), mesh, _microbatches(layout, cfg["batch"]),
+    model = HybridGPT(gpt_config(cfg), mesh, _microbatches(layout, cfg["batch"]),
                       zero_stage=zero_stage, optimizer_class=torch.optim.AdamW,
                       algorithm=algorithm, lr=1e-3)
     x, y = synthetic_tokens(1, cfg["batch"], cfg["block"], cfg["vocab"], seed=0)[0]
@@ -121,7 +121,7 @@ def _torch_rank(comm, layout, cfg: dict) -> dict:
     from ..parallel.tensor.torch_reference import torch_loss, torch_parallelize
     dp, _, tp = layout
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
-    gpt = GPT(_config(cfg))
+    gpt = GPT(gpt_config(cfg))
     model = torch_parallelize(gpt, mesh["tp"]) if tp > 1 else gpt
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = synthetic_tokens(1, cfg["batch"], cfg["block"], cfg["vocab"], seed=0)[0]
@@ -242,7 +242,7 @@ def main(args) -> dict:
     quick = args.quick or quick_mode()
     cfg = dict(QUICK if quick else FULL)
     cfg["world"] = args.world or cfg["world"]
-    n = GPT(_config(cfg)).num_params()
+    n = GPT(gpt_config(cfg)).num_params()
     print(f"Measured here: GPT {cfg['n_layer']} layers x {cfg['n_embd']} ({n / 1e6:.2f} M "
           f"parameters), batch {cfg['batch']} x {cfg['block']} tokens, AdamW, float32, "
           f"{cfg['world']} ranks\n")
@@ -264,19 +264,11 @@ def main(args) -> dict:
               "cluster": {"name": CLUSTER.name, "nodes": CLUSTER.nodes,
                           "per_node": CLUSTER.per_node, "flops": CLUSTER.flops,
                           "memory": CLUSTER.memory}}
-    if args.json:
-        save_json(args.json, result)
-    if args.plot:
-        plot(measured, predicted, args.plot)
-    return result
+    return save_outputs(args, result, lambda path: plot(measured, predicted, path))
 
 
 def plot(measured: list[dict], predicted: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.5))
     names = list(dict.fromkeys(r["layout"] for r in measured))
     by = {(r["layout"], r["variant"]): r for r in measured}

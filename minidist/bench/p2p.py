@@ -20,16 +20,23 @@ import numpy as np
 import torch
 
 from ..launch import launch
-from .timing import format_table, iterations_for, median_time, quick_mode, save_json
+from .timing import (
+    add_common_arguments,
+    format_table,
+    iterations_for,
+    median_time,
+    pyplot,
+    quick_mode,
+    save_outputs,
+)
 
 SIZES = [4, 64, 1024, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [4, 1024, 64 << 10, 1 << 20, 16 << 20]
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--quick", action="store_true", help="a short sweep (CI does this)")
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    parser.add_argument("--plot", metavar="PATH", help="save a bandwidth/latency plot")
+    add_common_arguments(parser, "a short sweep (CI does this)",
+                         plot_help="save a bandwidth/latency plot", rounds=False)
     parser.add_argument("--no-launch", action="store_true", help="skip the launch-time part")
 
 
@@ -148,19 +155,11 @@ def main(args) -> dict:
         print(f"\nStarting 4 ranks + one barrier: md.launch {lt['minidist_s'] * 1e3:.0f} ms, "
               f"torch.multiprocessing.spawn + gloo {lt['torch_spawn_gloo_s'] * 1e3:.0f} ms "
               f"({lt['speedup']:.1f}x)")
-    if args.json:
-        save_json(args.json, result)
-    if args.plot:
-        plot(rows, args.plot)
-    return result
+    return save_outputs(args, result, lambda path: plot(rows, path))
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     sizes = [r["bytes"] for r in rows]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for name, label in (("local", "minidist local (shared memory)"), ("gloo", "torch gloo")):

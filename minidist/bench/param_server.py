@@ -43,7 +43,14 @@ from ..models import mlp
 from ..parallel.data import DistributedDataParallel
 from ..parallel.param_server import ParameterServer, ps_step_time, ring_step_time, torch_rpc
 from ..transports.network import Link, Network
-from .timing import best_of_rounds, format_table, quick_mode, save_json
+from .timing import (
+    add_common_arguments,
+    best_of_rounds,
+    format_table,
+    pyplot,
+    quick_mode,
+    save_outputs,
+)
 
 FULL = {"width": 512, "depth": 4, "batch": 32, "steps": 15, "workers": (1, 2, 4),
         "rounds": 3, "lsq_steps": 120}
@@ -56,12 +63,9 @@ SLICE = 100_000  # elements: the 512x512 weights are sliced across servers, as M
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--quick", action="store_true", help="a small model, few steps (CI)")
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    parser.add_argument("--plot", metavar="PATH", help="save a plot")
+    add_common_arguments(parser, "a small model, few steps (CI)")
     parser.add_argument("--workers", metavar="LIST", help="comma-separated, e.g. 1,2,4")
     parser.add_argument("--servers", type=int, default=2, help="servers of the sharded PS")
-    parser.add_argument("--rounds", type=int, help="repeat each run, report the best")
     parser.add_argument("--straggler", type=float, default=0.01,
                         help="seconds the slow worker sleeps per step (table 3)")
 
@@ -285,19 +289,11 @@ def main(args) -> dict:
                   "the steps/s of torch's RPC parameter server")
     result = {"config": cfg, "local": local, "emulated": emulated, "straggler": slow,
               "links": [repr(TEN_GBE), repr(ONE_GBE)]}
-    if args.json:
-        save_json(args.json, result)
-    if args.plot:
-        plot(result, args.plot)
-    return result
+    return save_outputs(args, result, lambda path: plot(result, path))
 
 
 def plot(result: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     links = list(dict.fromkeys(r["link"] for r in result["emulated"]))
     panels = [("This machine (shared memory)", result["local"])] + [
         (f"Emulated network ({name} per rank)", [r for r in result["emulated"]

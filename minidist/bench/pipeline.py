@@ -39,7 +39,7 @@ from torch import nn
 
 from ..costmodel import bubble_fraction
 from ..launch import launch
-from ..models import GPT, GPTConfig, lm_loss, synthetic_tokens
+from ..models import GPT, lm_loss, synthetic_tokens
 from ..parallel.pipeline import (
     LiveSavedBytes,
     ModuleSpans,
@@ -52,7 +52,15 @@ from ..parallel.pipeline import (
     split_model,
 )
 from ..transports.network import Link, Network
-from .timing import best_of_rounds, format_table, quick_mode, save_json
+from .timing import (
+    add_common_arguments,
+    best_of_rounds,
+    format_table,
+    gpt_config,
+    pyplot,
+    quick_mode,
+    save_outputs,
+)
 
 VARIANTS = ("minidist naive", "minidist GPipe", "minidist 1F1B", "minidist interleaved",
             "torch GPipe", "torch 1F1B", "torch interleaved")
@@ -69,20 +77,12 @@ EMULATED = Link(alpha=50e-6, bandwidth=1.25e9)  # a 10 Gb/s Ethernet-like link
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--quick", action="store_true", help="a tiny GPT, few steps (CI)")
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    parser.add_argument("--plot", metavar="PATH", help="save a plot")
+    add_common_arguments(parser, "a tiny GPT, few steps (CI)")
     parser.add_argument("--stages", metavar="LIST", help="comma-separated, e.g. 2,4")
     parser.add_argument("--microbatches", type=int, help="micro-batches per step (m)")
     parser.add_argument("--models", metavar="LIST", help="comma-separated of tiny,small")
-    parser.add_argument("--rounds", type=int, help="repeat each run, report the best")
     parser.add_argument("--network", action="store_true",
                         help="also run minidist over an emulated 50 us, 1.25 GB/s network")
-
-
-def _config(cfg: dict) -> GPTConfig:
-    return GPTConfig(vocab_size=cfg["vocab"], block_size=cfg["block"], n_layer=cfg["n_layer"],
-                     n_head=cfg["n_head"], n_embd=cfg["n_embd"], tie_weights=False)
 
 
 class _Roles:
@@ -104,7 +104,7 @@ def _step(sched, roles, x, y) -> None:
 def _parts(cfg: dict, variant: str, comm) -> list[nn.Module]:
     """This rank's chunks of the GPT: one, or V for the interleaved schedule."""
     p, v = comm.world_size, V if "interleaved" in variant else 1
-    parts = split_model(GPT(_config(cfg)), p * v)
+    parts = split_model(GPT(gpt_config(cfg)), p * v)
     return [parts[c * p + comm.rank] for c in range(v)]
 
 
@@ -232,7 +232,7 @@ def main(args) -> dict:
     sizes = {}
     for k in models:
         c = dict(cfg, **MODELS[k])
-        sizes[k] = GPT(_config(c)).num_params()
+        sizes[k] = GPT(gpt_config(c)).num_params()
         print(f"GPT {k}: {c['n_layer']} layers x {c['n_embd']} ({sizes[k] / 1e6:.2f} M "
               f"parameters), batch {c['batch']} x {c['block']} tokens")
     print(f"m={cfg['microbatches']} micro-batches per step, stages of equal layer counts\n")
@@ -248,19 +248,11 @@ def main(args) -> dict:
     result = {"config": dict(cfg, models={k: dict(MODELS[k], parameters=sizes[k])
                                           for k in models}),
               "rows": [{k: v for k, v in r.items() if k != "events"} for r in rows]}
-    if args.json:
-        save_json(args.json, result)
-    if args.plot:
-        plot(rows, args.plot)
-    return result
+    return save_outputs(args, result, lambda path: plot(rows, path))
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.4))
     groups = list(dict.fromkeys((r["model"], r["stages"]) for r in rows))
     variants = list(dict.fromkeys(r["variant"] for r in rows))

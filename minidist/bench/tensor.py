@@ -42,7 +42,14 @@ from ..parallel.tensor import parallelize_gpt
 from ..parallel.tensor import tp_costs as costs
 from ..parallel.tensor.torch_reference import torch_loss, torch_parallelize
 from ..transports.network import Link, Network
-from .timing import best_of_rounds, format_table, quick_mode, save_json
+from .timing import (
+    add_common_arguments,
+    best_of_rounds,
+    format_table,
+    pyplot,
+    quick_mode,
+    save_outputs,
+)
 
 LAYOUTS = {"minidist": "megatron", "minidist naive MLP": "naive_mlp",
            "minidist sequence parallel": "sequence_parallel"}
@@ -57,11 +64,8 @@ QUICK = {"n_layer": 2, "n_head": 4, "n_embd": 32, "vocab_size": 64, "block_size"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--quick", action="store_true", help="a tiny GPT, few steps (CI)")
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    parser.add_argument("--plot", metavar="PATH", help="save a plot")
+    add_common_arguments(parser, "a tiny GPT, few steps (CI)")
     parser.add_argument("--world-sizes", metavar="LIST", help="comma-separated, e.g. 1,2,4")
-    parser.add_argument("--rounds", type=int, help="repeat each run, report the best")
     parser.add_argument("--algorithm", default="auto", help="minidist's all-reduce algorithm")
     parser.add_argument("--no-emulated", action="store_true", help="skip the emulated network")
 
@@ -249,19 +253,11 @@ def main(args) -> dict:
                   "DTensor (goal: 1.5x)")
     result = {"config": dict(cfg, parameters=full.num_params(), algorithm=args.algorithm),
               "rows": rows}
-    if args.json:
-        save_json(args.json, result)
-    if args.plot:
-        plot(rows, args.plot)
-    return result
+    return save_outputs(args, result, lambda path: plot(rows, path))
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     sizes = sorted({r["world_size"] for r in rows})
     names = list(dict.fromkeys(r["variant"] for r in rows))
     by = {(r["world_size"], r["variant"]): r for r in rows}

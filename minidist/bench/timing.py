@@ -1,4 +1,5 @@
-"""Shared pieces of the benchmarks: quick mode, timing loops, tables, JSON and plots.
+"""Shared pieces of the benchmarks: quick mode, common options, timing loops, tables, the
+GPT presets' config, JSON and plots.
 
 Benchmarks measure; they never assert. Each one runs minidist and the real system side by
 side in one run, on the same machine at the same time, and reports ratios.
@@ -12,14 +13,41 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
+
+from ..models import GPTConfig
 
 
 def quick_mode() -> bool:
     """CI (``CI=true``) and ``MINIDIST_QUICK=1`` shrink sweeps to a few seconds."""
     return os.environ.get("MINIDIST_QUICK", "") not in ("", "0") or \
         os.environ.get("CI", "").lower() in ("1", "true")
+
+
+def add_common_arguments(parser, quick_help: str, *, json_help: str = "write the results as JSON",
+                         plot_help: str | None = "save a plot", rounds: bool = True) -> None:
+    """The options every benchmark shares: ``--quick`` (``quick_help`` says what it shrinks),
+    ``--json PATH``, ``--plot PATH`` (left out when ``plot_help`` is None) and, with ``rounds``,
+    ``--rounds`` (for :func:`best_of_rounds`). A benchmark adds its own options after these."""
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--json", metavar="PATH", help=json_help)
+    if plot_help is not None:
+        parser.add_argument("--plot", metavar="PATH", help=plot_help)
+    if rounds:
+        parser.add_argument("--rounds", type=int, help="repeat each run, report the best")
+
+
+def gpt_config(cfg: dict, tie_weights: bool = False) -> GPTConfig:
+    """The GPT a benchmark preset describes: ``block``, ``n_layer``, ``n_embd`` and, where the
+    preset names them, ``vocab`` (else 96, CharText's alphabet) and ``n_head`` (else 4 heads
+    from width 64 up, 2 below). Untied unless asked: a model cut into pipeline stages cannot
+    share one tensor between its first and last stage."""
+    n_head = cfg.get("n_head", 4 if cfg["n_embd"] >= 64 else 2)
+    return GPTConfig(vocab_size=cfg.get("vocab", 96), block_size=cfg["block"],
+                     n_layer=cfg["n_layer"], n_head=n_head, n_embd=cfg["n_embd"],
+                     tie_weights=tie_weights)
 
 
 def iterations_for(nbytes: int, quick: bool) -> int:
@@ -76,6 +104,27 @@ def machine_info() -> dict:
 def save_json(path: str, payload: dict) -> None:
     with open(path, "w") as f:
         json.dump(dict(payload, machine=machine_info()), f, indent=2)
+
+
+def save_outputs(args, result: dict, draw: Callable[[str], None] | None = None) -> dict:
+    """The end of every ``main``: write ``--json``, draw ``--plot`` with ``draw(path)`` (only
+    when a ``draw`` is given: a benchmark without plots has no ``--plot``), return ``result``."""
+    if args.json:
+        save_json(args.json, result)
+    if draw is not None and args.plot:
+        draw(args.plot)
+    return result
+
+
+def pyplot() -> ModuleType:
+    """``matplotlib.pyplot`` on the Agg backend (files, no window). Imported here, on first
+    use, so that ``minidist bench --help`` never pays for matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def best_of_rounds(cases: list[tuple[dict, Callable[[], dict]]], rounds: int) -> list[dict]:

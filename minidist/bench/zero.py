@@ -44,7 +44,14 @@ from ..models import GPT, GPTConfig, synthetic_tokens
 from ..parallel.zero import ZeRO, zero_rank_bytes, zero_step_bytes, zero_step_time
 from ..parallel.zero.flat_shards import storage_bytes
 from ..transports.network import Link, Network
-from .timing import best_of_rounds, format_table, quick_mode, save_json
+from .timing import (
+    add_common_arguments,
+    best_of_rounds,
+    format_table,
+    pyplot,
+    quick_mode,
+    save_outputs,
+)
 
 TORCH = {0: "torch DDP", 1: "torch ZeroRedundancyOptimizer",
          2: "torch fully_shard (no reshard)", 3: "torch fully_shard"}
@@ -59,11 +66,8 @@ WARMUP = 2
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--quick", action="store_true", help="a small model, few steps (CI)")
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    parser.add_argument("--plot", metavar="PATH", help="save a plot")
+    add_common_arguments(parser, "a small model, few steps (CI)")
     parser.add_argument("--world-sizes", metavar="LIST", help="comma-separated, e.g. 2,4")
-    parser.add_argument("--rounds", type=int, help="repeat each run, report the best")
     parser.add_argument("--emulated", action="store_true",
                         help="also run minidist stages 1-3 on an emulated 25 GbE network")
 
@@ -212,19 +216,11 @@ def main(args) -> dict:
             print(f"{r['world_size']} ranks, {r['variant']}: {r['vs_torch']:.2f}x the "
                   f"steps/s of {TORCH[r['stage']]}, {r['mem_vs_torch']:.2f}x its memory")
     result = {"config": dict(cfg, parameters=psi), "rows": rows}
-    if args.json:
-        save_json(args.json, result)
-    if args.plot:
-        plot(rows, args.plot)
-    return result
+    return save_outputs(args, result, lambda path: plot(rows, path))
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for p, marker in zip(sorted({r["world_size"] for r in rows}), "os^"):
         for who, style in (("minidist stage", "-"), ("torch", "--")):
