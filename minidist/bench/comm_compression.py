@@ -10,7 +10,9 @@ data on every row) for a few steps per method, on 2 ranks (``--ddp-world-size``)
   (``md.Network.uniform(md.Link(--ddp-latency, --ddp-bandwidth))``, 1 GbE by default), where
   the bytes saved show in the step time as they would between machines;
 * torch DDP on gloo (this machine only) with no hook, ``fp16_compress_hook`` and
-  ``powerSGD_hook`` (rank 2).
+  ``powerSGD_hook`` (rank 2), and with minidist's ``PowerSGD`` registered through
+  ``compression.torch_hook`` ("minidist PowerSGD"): the same DDP around both PowerSGDs, so
+  the two rows differ only in the hook.
 
 Per row, best of ``--ddp-rounds`` interleaved rounds (``timing.best_of_rounds``), over the
 steps after the ``WARMUP`` plain ones (PowerSGD and local SGD, torch's too, start after
@@ -34,7 +36,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from ..compression import PowerSGD, TopK, dense_bytes, fp16_hook, powersgd_bytes
+from ..compression import PowerSGD, TopK, dense_bytes, fp16_hook, powersgd_bytes, torch_hook
 from ..launch import launch
 from ..models import GPT, CharText, lm_loss
 from ..parallel.data import DistributedDataParallel, LocalSGD
@@ -42,7 +44,7 @@ from ..transports.network import Link, Network
 from .timing import best_of_rounds, format_table, gpt_config, quick_mode
 
 MINIDIST = ("none", "fp16", "top-k", "PowerSGD", "local SGD")
-TORCH = ("none", "fp16", "PowerSGD")
+TORCH = ("none", "fp16", "PowerSGD", "minidist PowerSGD")
 WARMUP = 2  # plain steps before PowerSGD / local SGD start (torch's minimum is 2), untimed
 FULL = {"n_embd": 128, "n_layer": 2, "block": 64, "batch": 8, "steps": 30, "rounds": 3}
 QUICK = {"n_embd": 32, "n_layer": 1, "block": 16, "batch": 4, "steps": 6, "rounds": 1}
@@ -87,6 +89,10 @@ def _torch_wrapper(comm, method: str, model: nn.Module, cfg: dict):
         state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=2,
                                             start_powerSGD_iter=WARMUP)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif method == "minidist PowerSGD":
+        hook = PowerSGD(rank=2, start_iter=WARMUP)
+        ddp.register_comm_hook(comm, torch_hook(hook))
+        return ddp, (lambda: None), hook
     return ddp, (lambda: None), None
 
 
@@ -136,7 +142,7 @@ def torch_bytes(method: str, model: nn.Module, world_size: int) -> float:
     (m + n) r elements per matrix and the uncompressed rest."""
     params = [p for p in model.parameters() if p.requires_grad]
     n = sum(p.numel() for p in params)
-    if method == "PowerSGD":
+    if method in ("PowerSGD", "minidist PowerSGD"):
         return powersgd_bytes([p.shape for p in params], 2, 2, 4, world_size)
     return dense_bytes(n, 2 if method == "fp16" else 4, world_size)
 
@@ -175,7 +181,9 @@ def derive(rows: list[dict], cfg: dict) -> list[dict]:
     for r in rows:
         r["ms"] = r["step_s"] * 1e3
         r["bytes_source"] = "comm.stats" if r["impl"] == "minidist" else "formula"
-        if r["impl"] == "torch":
+        if r["impl"] == "torch" and r["report"]:  # minidist's hook under torch DDP
+            r["sent"], r["bytes_source"] = r["report"]["bytes_sent"], "hook report"
+        elif r["impl"] == "torch":
             r["sent"] = torch_bytes(r["method"], model, cfg["world_size"])
         r["rel_error"] = (r["report"] or {}).get("relative_error")
     base = {(r["impl"], r["network"]): r for r in rows if r["method"] == "none"}
@@ -223,7 +231,8 @@ def plot(result: dict, axes) -> None:
     from matplotlib.ticker import NullFormatter
 
     ax1, ax2 = axes
-    markers = {"none": "o", "fp16": "s", "top-k": "^", "PowerSGD": "D", "local SGD": "v"}
+    markers = {"none": "o", "fp16": "s", "top-k": "^", "PowerSGD": "D", "local SGD": "v",
+               "minidist PowerSGD": "P"}
     rows = [r for r in result["rows"] if r["network"] == "local"]
     for r in rows:  # torch hollow and larger, so that a point minidist shares stays visible
         ours = r["impl"] == "minidist"

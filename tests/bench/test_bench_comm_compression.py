@@ -32,6 +32,10 @@ def test_quick_run_rows_bytes_and_plot(capsys):
     assert by["torch", "none", "local"]["sent"] == none  # formula == counted, float32 ring
     assert by["minidist", "fp16", "local"]["sent"] == none / 2
     assert by["minidist", "PowerSGD", "local"]["sent"] == by["torch", "PowerSGD", "local"]["sent"]
+    # minidist's PowerSGD under torch DDP saw the same matrices in torch's bucket
+    theirs = by["torch", "minidist PowerSGD", "local"]
+    assert theirs["bytes_source"] == "hook report"
+    assert theirs["sent"] == by["torch", "PowerSGD", "local"]["sent"]
     assert by["minidist", "top-k", "emulated"]["sent"] == by["minidist", "top-k", "local"]["sent"]
     assert 0 < by["minidist", "local SGD", "local"]["sent"] < none
     assert result["goal"]["powersgd_bytes_vs_none"] == pytest.approx(
