@@ -13,7 +13,6 @@ communicator never matches a receive on its parent.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 
@@ -22,16 +21,13 @@ import torch
 from ..errors import CommTimeout, MessageMismatchError, PeerLeftError
 from ..trace import Timeline
 from . import tensors
+from .contexts import ACK, ACK_CODE, WORLD_CTX, ack_tag, check_tag, child_ctx
 from .receive_log import ReceiveLog
 from .stats import CommStats
 
 ANY_SOURCE = -1
 UNDEFINED = None  # split(color=UNDEFINED) leaves the rank out, as MPI_UNDEFINED does
-# A communicator owns four contexts: ctx (user messages), ctx + 1 (control: barrier, split,
-# agreement checks; not counted), ctx + 2 (the collectives' payload, counted), ctx + 3 (the
-# acknowledgements of sends above the eager limit; not counted).
-# So no user message, whatever its tag, can match a collective's receive, or the reverse.
-_WORLD_CTX = 4
+# A communicator's four contexts (user, control, collectives, acknowledgements): contexts.py.
 _EMPTY = torch.empty(0, dtype=torch.uint8)
 # Tags of the control context (ctx + 1): barrier rounds use -1, -2, -4, ...; these are apart.
 _ALLGATHER_TAG = -(1 << 40)
@@ -143,7 +139,7 @@ class Communicator:
     counted in ``stats``.
     """
 
-    def __init__(self, transport, group: tuple[int, ...], rank: int, ctx: int = _WORLD_CTX,
+    def __init__(self, transport, group: tuple[int, ...], rank: int, ctx: int = WORLD_CTX,
                  timeout: float = 60.0, device: torch.device | str = "cpu",
                  timeline: Timeline | None = None):
         self._transport = transport
@@ -178,7 +174,7 @@ class Communicator:
         everyone in place is not: the transport's own resources (the shared scratch area,
         the torch process group) belong to one communicator, and a copy using them from
         another thread at the same time would mix the two communicators' collectives."""
-        return self._ctx == _WORLD_CTX
+        return self._ctx == WORLD_CTX
 
     @property
     def control(self) -> Channel:
@@ -243,7 +239,7 @@ class Communicator:
     def _isend(self, tensor, dst: int, tag: int, ctx: int, count: bool) -> Request:
         t = tensors.as_tensor(tensor, "send buffer")
         self._check_peer(dst, "dst")
-        _check_tag(tag)
+        check_tag(tag)
         if t.is_cuda and not self._transport.cuda_native:  # staged through host memory
             t = t.cpu()
         n, start = tensors.nbytes(t), time.perf_counter()  # before the transport copies
@@ -256,15 +252,15 @@ class Communicator:
         req = Request(self, raw, "isend", dst, tag, n, count=count, start=start)
         if self._rendezvous(ctx, n):
             self._check_rendezvous_backend()
-            req.ack = self._transport.irecv(_ACK, self._group[dst], self._ctx + 3,
-                                            _ack_tag(ctx - self._ctx, tag), _ACK_CODE)
+            req.ack = self._transport.irecv(ACK, self._group[dst], self._ctx + 3,
+                                            ack_tag(ctx - self._ctx, tag), ACK_CODE)
         return req
 
     def _irecv(self, tensor, src: int, tag: int, ctx: int, count: bool) -> Request:
         t = tensors.as_tensor(tensor, "receive buffer")
         if src != ANY_SOURCE:
             self._check_peer(src, "src")
-        _check_tag(tag)
+        check_tag(tag)
         target, unstage = t, None
         if t.is_cuda and not self._transport.cuda_native:
             target = torch.empty(t.shape, dtype=t.dtype)
@@ -318,8 +314,8 @@ class Communicator:
         if req in self._unacked:
             self._unacked.remove(req)
         if not req.raw.mismatch and self._rendezvous(req.ctx, req.nbytes):
-            self._transport.isend(_ACK, self._group[req.source], self._ctx + 3,
-                                  _ack_tag(req.ctx - self._ctx, req.tag), _ACK_CODE)
+            self._transport.isend(ACK, self._group[req.source], self._ctx + 3,
+                                  ack_tag(req.ctx - self._ctx, req.tag), ACK_CODE)
 
     def _numbering(self, peer: int | None) -> str:
         """On a split communicator, errors use its own (local) ranks: say which world ranks
@@ -371,7 +367,7 @@ class Communicator:
             return None
         members = sorted((k, r) for r, (c, k) in enumerate(table) if c == color)
         ranks = [r for _, r in members]
-        ctx = _child_ctx(self._ctx, self._n_splits, color)
+        ctx = child_ctx(self._ctx, self._n_splits, color)
         child = Communicator(self._transport, tuple(self._group[r] for r in ranks),
                              ranks.index(self.rank), ctx, self.timeout, self.device,
                              self.timeline)
@@ -428,26 +424,3 @@ class Channel:
         for req in sends + recvs:
             req.wait(op=op)
         return [t.tolist() for t in out]
-
-
-_ACK = torch.empty(0, dtype=torch.uint8)
-_ACK_CODE = tensors.DTYPE_CODE[torch.uint8]
-
-
-def _ack_tag(kind: int, tag: int) -> int:
-    """The acknowledgement's tag on ctx + 3: the message's tag and which context it was on
-    (0 user, 2 collectives), so acknowledgements of the two never match each other."""
-    return 2 * tag + (kind // 2)
-
-
-def _check_tag(tag) -> None:
-    if isinstance(tag, bool) or not hasattr(tag, "__index__"):
-        raise TypeError(f"tag must be an int, got {type(tag).__name__}")
-    if not -(2**62) <= int(tag) < 2**62:
-        raise ValueError(f"tag {tag} is out of range")
-
-
-def _child_ctx(parent: int, n: int, color: int) -> int:
-    """A context id every member computes alike: a hash of (parent, split count, color)."""
-    digest = hashlib.blake2b(f"{parent}/{n}/{color}".encode(), digest_size=8).digest()
-    return (int.from_bytes(digest, "little") >> 3) << 2  # a multiple of 4, positive, < 2**63
