@@ -3,10 +3,14 @@
 Three tables from one run:
 
 1. **This machine**, steps/s as workers grow (weak scaling: ``--batch`` samples per worker),
-   for the same MLP and SGD step under four systems: ``md.ParameterServer`` in sync mode with
-   one server and with ``--servers`` servers (W workers plus S server processes),
-   ``md.DistributedDataParallel`` with ring all_reduce (W ranks), and PyTorch's RPC
-   parameter server as in its batch-update tutorial (``torch.distributed.rpc``, TensorPipe,
+   for the same MLP and SGD step under five systems: ``md.ParameterServer`` in sync mode with
+   one server and with ``--servers`` servers (W workers plus S server processes; the ranks
+   share this machine's memory, so the shards and gradients skip the wire,
+   ``parallel/param_server/shared_shards.py``), the 1-server PS again with
+   ``shared_memory=False`` (every push and pull a message through the local transport's
+   rings: the naive version), ``md.DistributedDataParallel`` with ring all_reduce (W
+   ranks), and PyTorch's RPC parameter server as in its batch-update tutorial
+   (``torch.distributed.rpc``, TensorPipe,
    ``parallel/param_server/torch_rpc.py``: a ``BatchUpdateParameterServer`` on rank 0 behind
    an ``RRef``; each trainer ``rpc_sync``-calls ``update_and_fetch_model`` with its
    gradients, which answers once all W gradients are in and the optimizer has stepped).
@@ -15,7 +19,7 @@ Three tables from one run:
 2. **The emulated network** (``md.Network.uniform``, ``transports/emulated.py``): the same
    minidist rows over a 10 Gb/s link per rank (30 µs), then over 1 Gb/s (50 µs), with the
    step time the cost model predicts (the measured compute time plus
-   ``ps_step_time(pipelined=True)`` or ``ring_step_time``, ``parallel/param_server/costs.py``)
+   ``ps_step_time(pipelined=True)`` or ``ring_step_time``, ``parallel/param_server/ps_costs.py``)
    and the bytes into each server per step, measured from the server's report against
    W*N/S. At 10 Gb/s a 4 MB model's wire time is a few ms, no more than what W+S processes
    sharing this machine's cores cost, so the figures mix both; at 1 Gb/s the wire dominates
@@ -59,6 +63,7 @@ QUICK = {"width": 64, "depth": 2, "batch": 8, "steps": 3, "workers": (1, 2), "ro
 TEN_GBE = Link(alpha=30e-6, bandwidth=1.25e9, name="10 GbE")
 ONE_GBE = Link(alpha=50e-6, bandwidth=0.125e9, name="1 GbE")
 WARMUP = 2
+MESSAGES = ", messages"  # the row of the PS with shared memory turned off
 SLICE = 100_000  # elements: the 512x512 weights are sliced across servers, as MXNet would
 
 
@@ -94,9 +99,10 @@ def _timed_loop(cfg: dict, rank: int, model, before, after) -> dict:
             "compute_s": statistics.median(computes[WARMUP:])}
 
 
-def _ps_rank(comm, servers: int, cfg: dict) -> dict:
+def _ps_rank(comm, servers: int, cfg: dict, shared: bool | None) -> dict:
     model = mlp(cfg["width"], cfg["depth"], seed=0)
-    ps = ParameterServer(comm, model, num_servers=servers, lr=1e-3, slice_threshold=SLICE)
+    ps = ParameterServer(comm, model, num_servers=servers, lr=1e-3, slice_threshold=SLICE,
+                         shared_memory=shared)
     if ps.is_server:
         report = ps.serve()
         return {"server": True, "bytes_in": report.bytes_in, "updates": report.updates}
@@ -129,8 +135,10 @@ def measure(system: str, workers: int, cfg: dict, network: Network | None = None
     elif system == "ring DDP":
         ranks = list(launch(_ddp_rank, workers, args=(cfg,), network=network, timeout=120))
     else:
-        s = int(system.split()[1])  # "PS 1 server", "PS 2 servers"
-        out = launch(_ps_rank, workers + s, args=(s, cfg), network=network, timeout=120)
+        s = int(system.split()[1])  # "PS 1 server", "PS 2 servers", "PS 1 server, messages"
+        shared = False if system.endswith(MESSAGES) else None
+        out = launch(_ps_rank, workers + s, args=(s, cfg, shared), network=network,
+                     timeout=120)
         ranks = [r for r in out if "server" not in r]
         cfg_in = max(r["bytes_in"] for r in out if "server" in r)
         slow = max(ranks, key=lambda r: r["step_s"])
@@ -240,8 +248,12 @@ def straggler(cfg: dict, workers: int, slow_s: float) -> list[dict]:
 
 # -- the command ----------------------------------------------------------------------------
 def systems(servers: int, rpc_row: bool) -> tuple[str, ...]:
+    """On this machine (``rpc_row``) the sync PS shares memory (``shared_shards.py``); its
+    message path is shown beside it. On the emulated network only messages exist."""
     names = ("PS 1 server", f"PS {servers} servers", "ring DDP")
-    return names + ("torch RPC PS",) if rpc_row else names
+    if not rpc_row:
+        return names
+    return ("PS 1 server", "PS 1 server" + MESSAGES) + names[1:] + ("torch RPC PS",)
 
 COLUMNS = [("workers", "workers", "d"), ("system", "system", "s"), ("ms", "ms/step", ".1f"),
            ("steps_per_s", "steps/s", ".1f"), ("compute_ms", "compute ms", ".1f")]

@@ -34,7 +34,7 @@ from collections import deque
 
 import torch
 
-from .shm_segment import Segment
+from .shm_segment import Segment, SharedBuffer
 
 ANY = -1
 HDR = 64
@@ -317,9 +317,13 @@ class LocalTransport:
             msg.recv.done, msg.recv.keep = True, None
 
     def capability(self, name: str):
-        """``"shared_scratch"``: the segment's scratch area (``SharedScratch``), if sized."""
+        """``"shared_scratch"``: the segment's scratch area (``SharedScratch``), if sized;
+        ``"shared_memory"``: ``SharedBuffer`` (every rank is on this machine, so a block of
+        shared memory made by one can be mapped by the others)."""
         if name == "shared_scratch" and self.seg.scratch_bytes > 0:
             return SharedScratch(self)
+        if name == "shared_memory":
+            return SharedBuffer
         return None
 
     def close(self) -> None:

@@ -38,6 +38,7 @@ import sys
 import time
 
 import numpy as np
+import torch
 
 try:
     import _posixshmem  # CPython's shm_open/shm_unlink, also on macOS
@@ -210,6 +211,72 @@ class Segment:
     def sleep_on_bell(bell: ctypes.c_uint32, seen: int, seconds: float) -> None:
         """Sleep until ``bell`` differs from ``seen``, it is rung, or ``seconds`` pass."""
         _futex_wait(ctypes.addressof(bell), seen, seconds)
+
+
+class SharedBuffer:
+    """A plain block of shared memory that ranks on one machine map by name: the local
+    transport's ``"shared_memory"`` capability (the parameter server keeps its shards and
+    the workers' gradient slots in one, ``parallel/param_server/shared_shards.py``).
+
+    ``create(nbytes)`` makes one, guarded like the transport's segment (``_NameGuard``), so
+    the name cannot outlive its creator; the others ``attach(name)``; once every rank has
+    attached, the creator calls ``unlink()`` and the memory lives on, nameless, until the
+    last process unmaps it. ``key`` is the name as two ints (for ``all_gather_ints``)."""
+
+    def __init__(self, name: str, mm: mmap.mmap, guard: _NameGuard | None = None):
+        self.name, self.mm, self.guard = name, mm, guard
+
+    @classmethod
+    def create(cls, nbytes: int) -> SharedBuffer:
+        size = max(int(nbytes), 1)
+        if size > _shm_free_bytes():
+            raise MemoryError(f"/dev/shm has {_shm_free_bytes() >> 20} MiB free; a shared "
+                              f"buffer of {size >> 20} MiB does not fit")
+        name = cls.name_of((os.getpid(), int(secrets.token_hex(4), 16)))
+        guard = _NameGuard.start(name)  # before the name exists
+        try:
+            return cls(name, _create_mapped(name, size), guard)
+        except BaseException:
+            if guard is not None:
+                guard.stop()
+            raise
+
+    @classmethod
+    def attach(cls, name: str) -> SharedBuffer:
+        fd = _shm_open(name, os.O_RDWR)
+        try:
+            return cls(name, mmap.mmap(fd, os.fstat(fd).st_size))
+        finally:
+            os.close(fd)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        pid, token = self.name[len("/md-"):].split("-")
+        return int(pid), int(token, 16)
+
+    @staticmethod
+    def name_of(key) -> str:
+        return f"/md-{int(key[0])}-{int(key[1]):08x}"
+
+    def tensor(self, offset: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """``numel`` elements of ``dtype`` from byte ``offset``, sharing the memory."""
+        if numel == 0:
+            return torch.empty(0, dtype=dtype)
+        return torch.frombuffer(self.mm, dtype=dtype, offset=offset, count=numel)
+
+    def unlink(self) -> None:
+        """Remove the name (the creator, once every rank has attached)."""
+        _shm_unlink(self.name)
+        if self.guard is not None:
+            self.guard.stop()
+            self.guard = None
+
+    def close(self) -> None:
+        """Unmap, once no tensor views the memory any more (else the OS unmaps at exit)."""
+        try:
+            self.mm.close()
+        except BufferError:
+            pass
 
 
 def _create_mapped(name: str, size: int) -> mmap.mmap:

@@ -12,6 +12,7 @@ from ...collectives import broadcast
 from .reports import ServerReport, WorkerReport
 from .server import ShardServer
 from .sharding import DEFAULT_SLICE_THRESHOLD, ShardPlan, plan_shards
+from .shared_shards import open_shared_shards
 from .worker import WorkerClient
 
 MODES = ("sync", "async", "ssp")
@@ -82,24 +83,30 @@ class ParameterServer:
     def __init__(self, comm, model: nn.Module, num_servers: int = 1, mode: str = "sync",
                  staleness: int = 0, optimizer_class=torch.optim.SGD,
                  on_worker_exit: str = "error", slice_threshold: int | None =
-                 DEFAULT_SLICE_THRESHOLD, **optimizer_kwargs):
+                 DEFAULT_SLICE_THRESHOLD, shared_memory: bool | None = None,
+                 **optimizer_kwargs):
         _check_args(comm, model, num_servers, mode, staleness, optimizer_class,
                     on_worker_exit, slice_threshold)
+        _check_shared_memory(shared_memory, mode)
         _check_optimizer(optimizer_class, optimizer_kwargs)
         self.comm, self.model, self.mode = comm, model, mode
         self.num_servers, self.staleness = num_servers, staleness
         named = list(model.named_parameters())
         self.params = [p for _, p in named]
-        _agree(comm, self.params, num_servers, mode, staleness)
+        use_shared = shared_memory is not False and mode == "sync"
+        _agree(comm, self.params, num_servers, mode, staleness, use_shared)
         self.plan: ShardPlan = plan_shards([tuple(p.shape) for p in self.params],
                                            num_servers, slice_threshold)
         workers = list(range(num_servers, comm.world_size))
+        shared = open_shared_shards(comm, self.plan, workers, self.params[0].dtype,
+                                    required=bool(shared_memory)) if use_shared else None
+        self.shared_memory = shared is not None
         if self.is_server:
             self._role: ShardServer | WorkerClient = ShardServer(
                 comm, self.params, self.plan, workers, mode, staleness, optimizer_class,
-                optimizer_kwargs, on_worker_exit)
+                optimizer_kwargs, on_worker_exit, shared and shared[comm.rank])
         else:
-            self._role = WorkerClient(comm, named, self.plan, mode)
+            self._role = WorkerClient(comm, named, self.plan, mode, shared)
 
     # -- roles ------------------------------------------------------------------------------
     @property
@@ -193,6 +200,16 @@ def _check_args(comm, model, num_servers, mode, staleness, optimizer_class, on_w
                          f"travel as flat buffers), but the model has {', '.join(dtypes)}")
 
 
+def _check_shared_memory(shared_memory, mode: str) -> None:
+    if shared_memory not in (None, True, False):
+        raise TypeError(f"shared_memory must be None (when the ranks can), True or False, "
+                        f"got {shared_memory!r}")
+    if shared_memory and mode != "sync":
+        raise ValueError(f"shared_memory=True needs mode='sync': in mode {mode!r} the server "
+                         "applies a push while other workers read the shard, so the shards "
+                         "travel as messages (shared_shards.py)")
+
+
 def _check_optimizer(optimizer_class, optimizer_kwargs: dict) -> None:
     """Build the optimizer on a dummy tensor, so that bad keyword arguments fail on every
     rank, workers included, not only on the servers."""
@@ -207,14 +224,14 @@ _MODE_CODE = {m: i for i, m in enumerate(MODES)}
 
 
 def _agree(comm, params: list[torch.Tensor], num_servers: int, mode: str,
-           staleness: int) -> None:
+           staleness: int, shared: bool) -> None:
     """Every rank must pass the same arguments and a model of the same shapes; then all
     start from rank 0's parameters (a broadcast), as DDP does."""
     mine = [num_servers, _MODE_CODE[mode], staleness, len(params),
-            sum(p.numel() for p in params)]
+            sum(p.numel() for p in params), int(shared)]
     table = comm.control.all_gather_ints(mine, op="ParameterServer agreement")
     names = ("num_servers", "mode", "staleness", "number of parameter tensors",
-             "number of parameter elements")
+             "number of parameter elements", "shared_memory (False, or not)")
     for r, row in enumerate(table):
         for name, a, b in zip(names, table[0], row):
             if a != b:

@@ -38,13 +38,16 @@ class ShardServer:
     """Serves shard ``comm.rank`` of ``plan`` to ``workers`` (``ParameterServer`` makes it)."""
 
     def __init__(self, comm, params, plan, workers, mode, staleness, optimizer_class,
-                 optimizer_kwargs, on_worker_exit):
+                 optimizer_kwargs, on_worker_exit, shared=None):
         self.comm, self.params, self.plan, self.me = comm, params, plan, comm.rank
         self.mode, self.staleness, self.on_exit = mode, staleness, on_worker_exit
         self.workers = list(workers)
+        self.shared = shared  # a SharedShard: pushes and pulls skip the wire
         # the shard, one flat buffer; the optimizer's parameters are views into it, so a
         # pull sends it as it lies, without packing
         self.flat = plan.pack(self.me, [p.detach() for p in params]).clone()
+        if shared is not None:
+            self.flat = shared.params.copy_(self.flat)
         self.leaves = [t.requires_grad_(True) for t in plan.split(self.me, self.flat)]
         self.optimizer = optimizer_class(self.leaves, **optimizer_kwargs) if self.leaves \
             else None
@@ -92,12 +95,14 @@ class ShardServer:
             return None
 
     def _handle(self, src: int, buf: torch.Tensor) -> None:
-        kind, a, b = (int(v) for v in buf)
+        kind, a, b, c = (int(v) for v in buf)
         if src not in self.active:
             raise RuntimeError(f"rank {self.me} (parameter server): rank {src} sent a "
                                f"{P.KINDS.get(kind, kind)} but is not an active worker")
         if kind == P.PUSH:
             self._receive_push(src, version=a, numel=b)
+            if c and src in self.active:  # and a pull after it
+                self.deferred.append(src)
         elif kind == P.PULL:
             self.deferred.append(src)
         elif kind == P.CLOSE:
@@ -112,14 +117,8 @@ class ShardServer:
                              f"gradient of {numel} elements, but this server's shard holds "
                              f"{mine}: the worker's model differs from the servers'")
         start = time.perf_counter()
-        grad = self.pool.pop() if self.pool else torch.empty_like(self.flat)
-        reqs = [self.comm.collective.irecv(grad[g.start:g.stop], src, P.GRADS)
-                for g in self.segments]
-        try:
-            for r in reqs:
-                r.wait(op="parameter-server push recv")
-        except PeerLeftError:  # it died between the header and the gradient
-            self._leave(src, "died")
+        grad = self._gradient_from(src)
+        if grad is None:
             return
         self.comm.timeline.record("ps.push", "recv", start, time.perf_counter(),
                                   grad.numel() * grad.element_size(), src)
@@ -134,6 +133,24 @@ class ShardServer:
             self._apply(grad, [(src, version)])
             self.pool.append(grad)
 
+    def _gradient_from(self, src: int) -> torch.Tensor | None:
+        """Worker ``src``'s pushed gradient: its shared slot, or received into a buffer
+        (None if it died before it was all sent)."""
+        if self.shared is not None:  # already written there; count it as the message
+            slot = self.shared.slots[src]
+            self.comm.stats.on_recv(src, slot.numel() * slot.element_size())
+            return slot
+        grad = self.pool.pop() if self.pool else torch.empty_like(self.flat)
+        reqs = [self.comm.collective.irecv(grad[g.start:g.stop], src, P.GRADS)
+                for g in self.segments]
+        try:
+            for r in reqs:
+                r.wait(op="parameter-server push recv")
+        except PeerLeftError:  # it died between the header and the gradient
+            self._leave(src, "died")
+            return None
+        return grad
+
     # -- updates and replies ----------------------------------------------------------------
     def _progress(self) -> None:
         while self.mode == "sync":
@@ -143,7 +160,8 @@ class ShardServer:
             taken = [self.queued[w].popleft() for w in members]
             self._apply(average([g for g, _ in taken]),
                         [(w, v) for w, (_, v) in zip(members, taken)])
-            self.pool += [g for g, _ in taken]
+            if self.shared is None:  # (the slots are the workers')
+                self.pool += [g for g, _ in taken]
         self._answer_pulls()
 
     def _apply(self, grad: torch.Tensor, origins: list[tuple[int, int]]) -> None:
@@ -183,9 +201,12 @@ class ShardServer:
         reply = P.reply(self.version, self.last_staleness[w])
         self.sends[w] = [r for r in self.sends[w] if not r.test()]
         self.sends[w].append(self.comm.control.isend(reply, w, P.REPLY))
-        self.sends[w] += [self.comm.collective.isend(self.flat[g.start:g.stop], w, P.PARAMS)
-                          for g in self.segments]
         nbytes = self.flat.numel() * self.flat.element_size()
+        if self.shared is None:
+            self.sends[w] += [self.comm.collective.isend(self.flat[g.start:g.stop], w,
+                                                         P.PARAMS) for g in self.segments]
+        else:  # the worker copies the shard itself; count it as the message it replaces
+            self.comm.stats.on_send(w, nbytes)
         self.comm.timeline.record("ps.pull", "send", start, time.perf_counter(), nbytes, w)
         self.stats.pulls += 1
         self.stats.bytes_out += nbytes
@@ -245,6 +266,10 @@ class ShardServer:
             if reason == "closed":
                 byes[w].wait(op="parameter-server recv")
         self.plan.unpack(self.me, self.flat, self.params)
+        if self.shared is not None:  # done: let the shared memory go
+            self.flat, self.leaves, self.optimizer = self.flat.clone(), [], None
+            self.shared.close()
+            self.shared = None
 
 
 def _left(req) -> bool:
@@ -256,3 +281,4 @@ def _left(req) -> bool:
     except CommTimeout:
         return False
     return False
+

@@ -107,6 +107,12 @@ class ShardPlan:
         parts = [tensors[p.tensor].reshape(-1)[p.start:p.stop] for p in self.shards[server]]
         return torch.cat(parts) if parts else tensors[0].new_empty(0)
 
+    def pack_into(self, server: int, tensors: list[torch.Tensor], out: torch.Tensor) -> None:
+        """``pack`` into ``out`` (a flat tensor of ``numel(server)`` elements): one copy."""
+        with torch.no_grad():
+            for p, piece in zip(self.shards[server], self.split(server, out)):
+                piece.copy_(tensors[p.tensor].reshape(-1)[p.start:p.stop])
+
     def unpack(self, server: int, flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
         """Copy the flat buffer ``flat`` back into server ``server``'s pieces of ``tensors``."""
         offset = 0

@@ -6,12 +6,17 @@ answer (sync: once this worker's last push is applied; ssp: once it is no more t
 ahead of the slowest; async: at once), so the wait time measured here is what the
 consistency model costs this worker. A push sends each server its segments of the gradient
 (``sharding.py``: big pieces straight from ``p.grad``, small ones packed together) and
-returns once they are out; it does not wait for the update. In sync mode it also asks for
-the next parameters at once (ps-lite's worker pulls right after it pushes): the reply is
-the same whenever it is asked for, since the step cannot complete without this worker,
+returns once they are out; it does not wait for the update. In sync mode the push header
+also asks for the next parameters (ps-lite's worker pulls right after it pushes): the reply
+is the same whenever it is asked for, since the step cannot complete without this worker,
 and a server that knows every worker's pull when the step completes can answer them in
 an order that spreads the load (``server.py``). The parameters land in the model during
-the next ``pull()`` (or ``close()``, so that a closed worker holds the final parameters).
+the next ``pull()`` (or ``close()``, so that a closed worker holds the final parameters;
+or the next ``push()``, if no pull came between: a pull always reflects every push).
+
+On one machine, in sync mode, the shards and the gradients skip the wire: a push writes
+the worker's slot in the server's shared memory, a pull copies the shard from there
+(``shared_shards.py``).
 
 Stragglers: ``md.slow_rank(comm, rank, seconds)`` and ``md.inject_delay`` make a worker sleep
 at ``"forward"`` (the end of ``pull``, just before the caller's forward pass) and at
@@ -32,8 +37,10 @@ from .reports import WorkerReport
 class WorkerClient:
     """Talks to servers ``0..plan.num_servers-1`` for ``params`` (``ParameterServer``)."""
 
-    def __init__(self, comm, named_params: list[tuple[str, torch.Tensor]], plan, mode: str):
+    def __init__(self, comm, named_params: list[tuple[str, torch.Tensor]], plan, mode: str,
+                 shared: dict | None = None):
         self.comm, self.plan = comm, plan
+        self.shared = shared  # {server: SharedShard}: pushes and pulls skip the wire
         self.names = [n for n, _ in named_params]
         self.params = [p for _, p in named_params]
         self.versions = [0] * plan.num_servers  # what each server had applied at our pull
@@ -56,17 +63,18 @@ class WorkerClient:
         maybe_delay(self.comm, "forward")
         return self.versions[0]
 
-    def _request(self) -> tuple[list, list, list]:
-        """Ask every server for its shard and post the receives: the reply headers, and
-        each segment straight into the parameter where it can (else a staging buffer)."""
+    def _request(self, ask: bool = True) -> tuple[list, list, list]:
+        """Ask every server for its shard (unless the push headers just did) and post the
+        receives: the reply headers, and each segment straight into the parameter where it
+        can (else a staging buffer)."""
         servers = range(self.plan.num_servers)
-        for s in servers:
+        for s in servers if ask else ():
             self.comm.control.send(P.header(P.PULL, self.stats.steps), s, P.HEADER)
         replies = [P.reply_buffer() for _ in servers]
         reqs = [self.comm.control.irecv(replies[s], s, P.REPLY) for s in servers]
         staged = []  # (segment, buffer) of segments not received in place
         targets = [p.data for p in self.params]
-        for s in servers:
+        for s in servers if self.shared is None else ():
             for g in self.segments[s]:
                 buf = g.view(targets)
                 if buf is None:
@@ -82,6 +90,9 @@ class WorkerClient:
         targets = [p.data for p in self.params]
         for g, buf in staged:
             g.unpack(buf, targets)
+        for s, shard in (self.shared or {}).items():  # each server's shard, as it lies
+            self.plan.unpack(s, shard.params, targets)
+            self.comm.stats.on_recv(s, shard.params.numel() * shard.params.element_size())
         return replies
 
     def _note_pull(self, start: float, replies: list[torch.Tensor]) -> None:
@@ -104,22 +115,35 @@ class WorkerClient:
         maybe_delay(self.comm, "step")
         grads = self._gradients(grads)
         start = time.perf_counter()
+        if self.prefetched is not None:  # pushed twice without a pull: take that pull now,
+            self.versions = [int(r[0]) for r in self._receive(self.prefetched)]
+            self.prefetched = None  # so the servers are done with our slots (shared_shards)
+        prefetch = self.mode == "sync"
         reqs, nbytes = [], 0
         for s in self._server_order():
-            n = self.plan.numel(s)
-            head = P.header(P.PUSH, self.versions[s], n)
-            reqs.append(self.comm.control.isend(head, s, P.HEADER))
-            reqs += [self.comm.collective.isend(g.pack(grads), s, P.GRADS)
-                     for g in self.segments[s]]
-            nbytes += n * self.params[0].element_size()
+            reqs += self._send_push(s, grads, prefetch)
+            nbytes += self.plan.numel(s) * self.params[0].element_size()
         for r in reqs:
             r.wait(op="parameter-server push")
         end = time.perf_counter()
         self.comm.timeline.record("ps.push", "send", start, end, nbytes, None)
         self.stats.steps += 1
         self.stats.push_s += end - start
-        if self.mode == "sync" and self.prefetched is None:
-            self.prefetched = self._request()
+        if prefetch:
+            self.prefetched = self._request(ask=False)
+
+    def _send_push(self, s: int, grads: list[torch.Tensor], pull: bool) -> list:
+        """The push header (asking for the next parameters too, if ``pull``) and server
+        ``s``'s pieces of ``grads``: as messages after it, sent in place where they can be;
+        or into our shared slot before it."""
+        head = P.header(P.PUSH, self.versions[s], self.plan.numel(s), int(pull))
+        if self.shared is None:
+            return [self.comm.control.isend(head, s, P.HEADER)] + [
+                self.comm.collective.isend(g.pack(grads), s, P.GRADS) for g in self.segments[s]]
+        slot = self.shared[s].slots[self.comm.rank]
+        self.plan.pack_into(s, grads, slot)
+        self.comm.stats.on_send(s, slot.numel() * slot.element_size())
+        return [self.comm.control.isend(head, s, P.HEADER)]
 
     def _server_order(self) -> list[int]:
         """Servers starting from this worker's own offset, so that W workers pushing at once
@@ -136,6 +160,9 @@ class WorkerClient:
             self.comm.control.send(P.header(P.CLOSE, self.stats.steps), s, P.HEADER)
             self.comm.control.send(P.EMPTY, s, P.BYE)
         self.closed = True
+        for shard in (self.shared or {}).values():
+            shard.close()
+        self.shared = None
 
     def _check_open(self, what: str) -> None:
         if self.closed:
