@@ -193,6 +193,7 @@ class Communicator:
     def capability(self, name: str):
         """An optional capability of the transport (``transports/protocol.py``), or None:
         ``"shared_scratch"`` (the local transport's shared-memory scratch area),
+        ``"shared_memory"`` (shared memory blocks ranks map by name, local transport),
         ``"process_group"`` (the torch transport's ``torch.distributed`` group)."""
         get = getattr(self._transport, "capability", None)
         return None if get is None else get(name)

@@ -17,6 +17,9 @@ a collective use a faster path without reaching into a transport's insides:
 
 * ``"shared_scratch"``: a ``SharedScratch`` (``local.py``), memory every rank maps, with
   counters and doorbells: the shared-memory all_reduce (``collectives/shared_memory.py``).
+* ``"shared_memory"``: ``SharedBuffer`` (``shm_segment.py``): every rank is on this machine,
+  so a block of shared memory one rank makes, the others can map by name: the parameter
+  server's shards and gradient slots (``parallel/param_server/shared_shards.py``).
 * ``"process_group"``: the ``torch.distributed`` group of the whole world, for
   ``torch.distributed.all_reduce`` itself (``collectives/auto.py``).
 * ``"network"``: the emulated ``Network`` (``network.py``), so ``auto`` predicts each

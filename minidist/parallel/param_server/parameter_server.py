@@ -65,6 +65,14 @@ class ParameterServer:
     averages over the workers that remain. A worker that starts late gets the current
     parameters at its first pull (async: at once; sync and ssp wait for it, as they must).
 
+    Shared memory (``shared_memory``): when every rank is on one machine (the local
+    backend, no emulated network), sync mode keeps each server's shard and a gradient slot
+    per worker in shared memory (``shared_shards.py``): a push is one copy into the slot and
+    a header, a pull a reply and one copy out, no message carries the bytes (they are
+    counted as if one did). ``None`` (the default) uses it where it can; ``False`` always
+    sends messages (the naive version, and what a cluster does); ``True`` requires it.
+    ``ps.shared_memory`` says which path this object took.
+
     Statistics: ``ps.report()`` (``reports.py``): on a server, the staleness of every applied
     update, updates applied, payload bytes in and out, pulls served, departures with their
     reason; on a worker, steps, seconds waiting in pull and push, the staleness its pushes

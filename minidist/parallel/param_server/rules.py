@@ -50,3 +50,36 @@ def average(grads: list[torch.Tensor]) -> torch.Tensor:
     for g in grads[1:]:
         total += g
     return total.div_(len(grads))
+
+
+class RunningMean:
+    """``average`` as the pushes arrive: each worker's gradient is added, in worker order,
+    as soon as every worker before it has pushed (or has left with nothing queued), so
+    that when the last one lands only its own addition and the division remain (the server
+    spends the wait for the slowest worker adding up the others). The same additions in the
+    same order as ``average``, into the same buffer: the same bits."""
+
+    def __init__(self) -> None:
+        self.members: list[int] = []
+        self.total: torch.Tensor | None = None
+
+    def catch_up(self, heads: dict[int, torch.Tensor], active: set[int]) -> None:
+        """``heads``: each worker's oldest queued gradient (the step being formed)."""
+        for w in sorted(set(heads) | active):
+            if w in self.members:
+                continue
+            if w not in heads:
+                if w in active:
+                    return  # not pushed yet: the ones after it wait
+                continue
+            self.total = heads[w] if self.total is None else self.total.add_(heads[w])
+            self.members.append(w)
+
+    def finish(self, heads: dict[int, torch.Tensor], members: list[int]) -> torch.Tensor:
+        """The mean over ``members`` (``sync_round``'s), starting over for the next step."""
+        self.catch_up(heads, set())
+        if self.members != members:
+            raise RuntimeError(f"sync step summed workers {self.members}, but its members "
+                               f"are {members}")
+        total, self.members, self.total = self.total.div_(len(members)), [], None
+        return total

@@ -27,7 +27,7 @@ from ...comm import ANY_SOURCE
 from ...errors import CommTimeout, PeerLeftError, WorkerLeftError
 from . import messages as P
 from .reports import ServerReport
-from .rules import average, may_pull, sync_round
+from .rules import RunningMean, may_pull, sync_round
 
 log = logging.getLogger("minidist")
 IDLE_SLICE = 0.05  # seconds the server waits for a header before checking who has left
@@ -61,6 +61,7 @@ class ShardServer:
         self.sends: dict[int, list] = {w: [] for w in self.workers}  # pull replies in flight
         self.pool: list[torch.Tensor] = []  # receive buffers to reuse (no page faults)
         self.stats = ServerReport(self.me, mode, plan.numel(self.me))
+        self.mean = RunningMean()  # sync: the step's average, added up as pushes arrive
 
     def report(self) -> ServerReport:
         return self.stats
@@ -129,6 +130,7 @@ class ShardServer:
         if self.mode == "sync":
             self.queued[src].append((grad, version))
             self._check_sync_departures()
+            self.mean.catch_up(self._heads(), self.active)
         else:
             self._apply(grad, [(src, version)])
             self.pool.append(grad)
@@ -157,12 +159,15 @@ class ShardServer:
             members = sync_round(self.queued, self.active)
             if members is None:
                 break
+            mean = self.mean.finish(self._heads(), members)
             taken = [self.queued[w].popleft() for w in members]
-            self._apply(average([g for g, _ in taken]),
-                        [(w, v) for w, (_, v) in zip(members, taken)])
+            self._apply(mean, [(w, v) for w, (_, v) in zip(members, taken)])
             if self.shared is None:  # (the slots are the workers')
                 self.pool += [g for g, _ in taken]
         self._answer_pulls()
+
+    def _heads(self) -> dict[int, torch.Tensor]:
+        return {w: q[0][0] for w, q in self.queued.items() if q}
 
     def _apply(self, grad: torch.Tensor, origins: list[tuple[int, int]]) -> None:
         """One optimizer step with ``grad`` (this shard's flat gradient); ``origins``: the
@@ -207,6 +212,8 @@ class ShardServer:
                                                          P.PARAMS) for g in self.segments]
         else:  # the worker copies the shard itself; count it as the message it replaces
             self.comm.stats.on_send(w, nbytes)
+            log.debug("rank %d -> %d: parameters (%d bytes) ready in shared memory",
+                      self.me, w, nbytes)
         self.comm.timeline.record("ps.pull", "send", start, time.perf_counter(), nbytes, w)
         self.stats.pulls += 1
         self.stats.bytes_out += nbytes

@@ -25,6 +25,7 @@ at ``"forward"`` (the end of ``pull``, just before the caller's forward pass) an
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -32,6 +33,8 @@ import torch
 from ...faults import maybe_delay
 from . import messages as P
 from .reports import WorkerReport
+
+log = logging.getLogger("minidist")
 
 
 class WorkerClient:
@@ -143,6 +146,8 @@ class WorkerClient:
         slot = self.shared[s].slots[self.comm.rank]
         self.plan.pack_into(s, grads, slot)
         self.comm.stats.on_send(s, slot.numel() * slot.element_size())
+        log.debug("rank %d -> %d: gradient (%d bytes) into its slot in server %d's shared "
+                  "memory", self.comm.rank, s, slot.numel() * slot.element_size(), s)
         return [self.comm.control.isend(head, s, P.HEADER)]
 
     def _server_order(self) -> list[int]:
