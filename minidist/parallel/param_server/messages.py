@@ -1,14 +1,12 @@
 """The messages between workers and servers: a small header on the uncounted control channel
 (what the worker wants), then the payload on the counted collective channel (the shard).
 
-A worker's header is four int64s ``[kind, a, b, c]``:
+A worker's header is three int64s ``[kind, a, b]``:
 
-* ``[PULL, clock, 0, 0]``: send me your shard of the parameters (when the mode allows);
-* ``[PUSH, version, numel, pull]``: a gradient of ``numel`` elements follows on tag
-  ``GRADS`` (or is already in the worker's shared slot, ``shared_shards.py``), computed on
-  the parameters of ``version`` (how many updates the server had applied); ``pull=1``: and
-  then send me the parameters, as a ``PULL`` would (sync mode asks at every push);
-* ``[CLOSE, clock, 0, 0]``: this worker is done.
+* ``[PULL, clock, 0]``: send me your shard of the parameters (when the mode allows);
+* ``[PUSH, version, numel]``: a gradient of ``numel`` elements follows on tag ``PUSH``,
+  computed on the parameters of ``version`` (how many updates the server had applied);
+* ``[CLOSE, clock, 0]``: this worker is done.
 
 The server answers a pull with ``[version, staleness]`` (the staleness of this worker's last
 applied push, -1 before any) and the flat shard on tag ``PARAMS``. At ``close()`` a worker
@@ -33,12 +31,12 @@ GRADS, PARAMS = _BASE + 4, _BASE + 5  # collective channel (counted)
 EMPTY = torch.empty(0, dtype=torch.uint8)
 
 
-def header(kind: int, a: int = 0, b: int = 0, c: int = 0) -> torch.Tensor:
-    return torch.tensor([kind, a, b, c], dtype=torch.int64)
+def header(kind: int, a: int = 0, b: int = 0) -> torch.Tensor:
+    return torch.tensor([kind, a, b], dtype=torch.int64)
 
 
 def header_buffer() -> torch.Tensor:
-    return torch.empty(4, dtype=torch.int64)
+    return torch.empty(3, dtype=torch.int64)
 
 
 def reply(version: int, staleness: int) -> torch.Tensor:

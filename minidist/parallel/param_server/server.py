@@ -96,14 +96,12 @@ class ShardServer:
             return None
 
     def _handle(self, src: int, buf: torch.Tensor) -> None:
-        kind, a, b, c = (int(v) for v in buf)
+        kind, a, b = (int(v) for v in buf)
         if src not in self.active:
             raise RuntimeError(f"rank {self.me} (parameter server): rank {src} sent a "
                                f"{P.KINDS.get(kind, kind)} but is not an active worker")
         if kind == P.PUSH:
             self._receive_push(src, version=a, numel=b)
-            if c and src in self.active:  # and a pull after it
-                self.deferred.append(src)
         elif kind == P.PULL:
             self.deferred.append(src)
         elif kind == P.CLOSE:

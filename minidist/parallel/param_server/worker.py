@@ -6,9 +6,9 @@ answer (sync: once this worker's last push is applied; ssp: once it is no more t
 ahead of the slowest; async: at once), so the wait time measured here is what the
 consistency model costs this worker. A push sends each server its segments of the gradient
 (``sharding.py``: big pieces straight from ``p.grad``, small ones packed together) and
-returns once they are out; it does not wait for the update. In sync mode the push header
-also asks for the next parameters (ps-lite's worker pulls right after it pushes): the reply
-is the same whenever it is asked for, since the step cannot complete without this worker,
+returns once they are out; it does not wait for the update. In sync mode it also asks for
+the next parameters at once (ps-lite's worker pulls right after it pushes): the reply is
+the same whenever it is asked for, since the step cannot complete without this worker,
 and a server that knows every worker's pull when the step completes can answer them in
 an order that spreads the load (``server.py``). The parameters land in the model during
 the next ``pull()`` (or ``close()``, so that a closed worker holds the final parameters;
@@ -66,12 +66,11 @@ class WorkerClient:
         maybe_delay(self.comm, "forward")
         return self.versions[0]
 
-    def _request(self, ask: bool = True) -> tuple[list, list, list]:
-        """Ask every server for its shard (unless the push headers just did) and post the
-        receives: the reply headers, and each segment straight into the parameter where it
-        can (else a staging buffer)."""
+    def _request(self) -> tuple[list, list, list]:
+        """Ask every server for its shard and post the receives: the reply headers, and
+        each segment straight into the parameter where it can (else a staging buffer)."""
         servers = range(self.plan.num_servers)
-        for s in servers if ask else ():
+        for s in servers:
             self.comm.control.send(P.header(P.PULL, self.stats.steps), s, P.HEADER)
         replies = [P.reply_buffer() for _ in servers]
         reqs = [self.comm.control.irecv(replies[s], s, P.REPLY) for s in servers]
@@ -121,10 +120,9 @@ class WorkerClient:
         if self.prefetched is not None:  # pushed twice without a pull: take that pull now,
             self.versions = [int(r[0]) for r in self._receive(self.prefetched)]
             self.prefetched = None  # so the servers are done with our slots (shared_shards)
-        prefetch = self.mode == "sync"
         reqs, nbytes = [], 0
         for s in self._server_order():
-            reqs += self._send_push(s, grads, prefetch)
+            reqs += self._send_push(s, grads)
             nbytes += self.plan.numel(s) * self.params[0].element_size()
         for r in reqs:
             r.wait(op="parameter-server push")
@@ -132,14 +130,13 @@ class WorkerClient:
         self.comm.timeline.record("ps.push", "send", start, end, nbytes, None)
         self.stats.steps += 1
         self.stats.push_s += end - start
-        if prefetch:
-            self.prefetched = self._request(ask=False)
+        if self.mode == "sync":
+            self.prefetched = self._request()
 
-    def _send_push(self, s: int, grads: list[torch.Tensor], pull: bool) -> list:
-        """The push header (asking for the next parameters too, if ``pull``) and server
-        ``s``'s pieces of ``grads``: as messages after it, sent in place where they can be;
-        or into our shared slot before it."""
-        head = P.header(P.PUSH, self.versions[s], self.plan.numel(s), int(pull))
+    def _send_push(self, s: int, grads: list[torch.Tensor]) -> list:
+        """The push header and server ``s``'s pieces of ``grads``: as messages after it,
+        sent in place where they can be; or into our shared slot before it."""
+        head = P.header(P.PUSH, self.versions[s], self.plan.numel(s))
         if self.shared is None:
             return [self.comm.control.isend(head, s, P.HEADER)] + [
                 self.comm.collective.isend(g.pack(grads), s, P.GRADS) for g in self.segments[s]]
