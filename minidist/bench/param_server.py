@@ -3,10 +3,10 @@
 Three tables from one run:
 
 1. **This machine**, steps/s as workers grow (weak scaling: ``--batch`` samples per worker),
-   for the same MLP and SGD step under five systems: ``md.ParameterServer`` in sync mode with
-   one server and with ``--servers`` servers (W workers plus S server processes; the ranks
-   share this machine's memory, so the shards and gradients skip the wire,
-   ``parallel/param_server/shared_shards.py``), the 1-server PS again with
+   for the same MLP and SGD step under five systems and a floor: ``md.ParameterServer`` in
+   sync mode with one server and with ``--servers`` servers (W workers plus S server
+   processes; the ranks share this machine's memory, so the shards and gradients skip the
+   wire, ``parallel/param_server/shared_shards.py``), the 1-server PS again with
    ``shared_memory=False`` (every push and pull a message through the local transport's
    rings: the naive version), ``md.DistributedDataParallel`` with ring all_reduce (W
    ranks), and PyTorch's RPC parameter server as in its batch-update tutorial
@@ -14,6 +14,9 @@ Three tables from one run:
    ``parallel/param_server/torch_rpc.py``: a ``BatchUpdateParameterServer`` on rank 0 behind
    an ``RRef``; each trainer ``rpc_sync``-calls ``update_and_fetch_model`` with its
    gradients, which answers once all W gradients are in and the optimizer has stepped).
+   A last row is no parameter server at all: the lock-step floor (``_floor_rank``), W
+   workers doing only what every sync PS's workers must (forward, backward, the two
+   copies, a barrier per step): how fast these cores allow any of them to go.
    Rounds alternate between the systems;
    each row is its best round (median step of the slowest worker).
 2. **The emulated network** (``md.Network.uniform``, ``transports/emulated.py``): the same
@@ -64,6 +67,7 @@ TEN_GBE = Link(alpha=30e-6, bandwidth=1.25e9, name="10 GbE")
 ONE_GBE = Link(alpha=50e-6, bandwidth=0.125e9, name="1 GbE")
 WARMUP = 2
 MESSAGES = ", messages"  # the row of the PS with shared memory turned off
+FLOOR = "lock-step floor"  # W workers, their copies, no server (_floor_rank)
 SLICE = 100_000  # elements: the 512x512 weights are sliced across servers, as MXNet would
 
 
@@ -119,6 +123,28 @@ def _ddp_rank(comm, cfg: dict) -> dict:
     return _timed_loop(cfg, comm.rank, ddp, lambda: None, opt.step)
 
 
+def _floor_rank(comm, cfg: dict) -> dict:
+    """What W workers in lock step cost on this machine with no server at all: a barrier,
+    the parameters copied in, forward, backward, the gradient copied out: the two copies
+    every parameter server whose workers keep their own model make. No sync PS can beat
+    it on these cores; how far the PS rows sit above it is what the server costs."""
+    model = mlp(cfg["width"], cfg["depth"], seed=0)
+    params = list(model.parameters())
+    shard = torch.cat([p.detach().reshape(-1) for p in params])
+    slot = torch.empty_like(shard)
+
+    def pull() -> None:
+        comm.barrier()
+        with torch.no_grad():
+            for p, v in zip(params, shard.split([p.numel() for p in params])):
+                p.copy_(v.view_as(p))
+
+    def push() -> None:
+        torch.cat([p.grad.reshape(-1) for p in params], out=slot)
+
+    return _timed_loop(cfg, comm.rank, model, pull, push)
+
+
 def _rpc_train(cfg: dict, client, rank: int) -> dict:
     """A trainer of torch's RPC PS: forward, backward, then one ``update_and_fetch_model``
     round trip (the push and the pull of the step)."""
@@ -134,6 +160,8 @@ def measure(system: str, workers: int, cfg: dict, network: Network | None = None
                        args=(torch_rpc.free_port(), make, partial(_rpc_train, cfg)))[0]
     elif system == "ring DDP":
         ranks = list(launch(_ddp_rank, workers, args=(cfg,), network=network, timeout=120))
+    elif system == FLOOR:
+        ranks = list(launch(_floor_rank, workers, args=(cfg,), timeout=120))
     else:
         s = int(system.split()[1])  # "PS 1 server", "PS 2 servers", "PS 1 server, messages"
         shared = False if system.endswith(MESSAGES) else None
@@ -253,7 +281,7 @@ def systems(servers: int, rpc_row: bool) -> tuple[str, ...]:
     names = ("PS 1 server", f"PS {servers} servers", "ring DDP")
     if not rpc_row:
         return names
-    return ("PS 1 server", "PS 1 server" + MESSAGES) + names[1:] + ("torch RPC PS",)
+    return ("PS 1 server", "PS 1 server" + MESSAGES) + names[1:] + ("torch RPC PS", FLOOR)
 
 COLUMNS = [("workers", "workers", "d"), ("system", "system", "s"), ("ms", "ms/step", ".1f"),
            ("steps_per_s", "steps/s", ".1f"), ("compute_ms", "compute ms", ".1f")]
@@ -298,7 +326,8 @@ def main(args) -> dict:
     for n in cfg["workers"]:
         if n > 1 and (n, "PS 1 server") in by:
             print(f"{n} workers: minidist 1-server sync PS = {by[n, 'PS 1 server']['vs_ref']:.2f}x "
-                  "the steps/s of torch's RPC parameter server")
+                  f"the steps/s of torch's RPC parameter server (the lock-step floor, no "
+                  f"server at all: {by[n, FLOOR]['vs_ref']:.2f}x)")
     result = {"config": cfg, "local": local, "emulated": emulated, "straggler": slow,
               "links": [repr(TEN_GBE), repr(ONE_GBE)]}
     return save_outputs(args, result, lambda path: plot(result, path))
