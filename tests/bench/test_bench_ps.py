@@ -18,8 +18,13 @@ def test_bench_ps_quick(tmp_path):
     assert "the steps/s of torch's RPC parameter server" in proc.stdout
     result = json.loads(out.read_text())
     systems = ("PS 1 server", "PS 2 servers", "ring DDP")
+    here = ("PS 1 server", "PS 1 server, messages", "PS 2 servers", "ring DDP", "torch RPC PS",
+            "lock-step floor")
     assert {(r["workers"], r["system"]) for r in result["local"]} == {
-        (w, s) for w in (1, 2) for s in systems + ("torch RPC PS",)}
+        (w, s) for w in (1, 2) for s in here}
+    for r in result["local"]:  # shared memory or messages: the same bytes into the server
+        if r["system"].startswith("PS 1 server"):
+            assert r["server_in_per_step"] == r["workers"] * result["config"]["model_bytes"]
     assert {(r["link"], r["workers"], r["system"]) for r in result["emulated"]} == {
         (link, w, s) for link in ("10 GbE", "1 GbE") for w in (1, 2) for s in systems}
     for r in result["local"] + result["emulated"]:
