@@ -239,7 +239,7 @@ def _agree(comm, params: list[torch.Tensor], num_servers: int, mode: str,
             sum(p.numel() for p in params), int(shared)]
     table = comm.control.all_gather_ints(mine, op="ParameterServer agreement")
     names = ("num_servers", "mode", "staleness", "number of parameter tensors",
-             "number of parameter elements", "shared_memory (False, or not)")
+             "number of parameter elements", "shared_memory allowed (not False)")
     for r, row in enumerate(table):
         for name, a, b in zip(names, table[0], row):
             if a != b:

@@ -3,10 +3,13 @@ now allows, until every worker has closed or left.
 
 The loop is ps-lite's server in miniature (Li et al., OSDI 2014): the server owns a shard
 (``sharding.py``) and an optimizer over it; a push is a gradient of that shard, a pull asks
-for the shard's current values. The mode decides when a push is applied and when a pull is
-answered (``rules.py``): sync queues pushes until every active worker has pushed for the
-step, then applies their average; async and ssp apply each push at once; ssp holds back the
-pulls of a worker too far ahead. Pulls that may not be answered yet wait in ``deferred``.
+for the shard's current values (on one machine in sync mode the gradient is already in the
+worker's slot when its header arrives, and a reply carries no shard: the worker copies it
+from shared memory, ``shared_shards.py``). The mode decides when a push is applied and
+when a pull is answered (``rules.py``): sync queues pushes until every active worker has
+pushed for the step, then applies their average; async and ssp apply each push at once;
+ssp holds back the pulls of a worker too far ahead. Pulls that may not be answered yet
+wait in ``deferred``.
 
 Membership: a ``CLOSE`` header means a worker is done. A worker that returns without one is
 noticed while the server is idle: its posted receive on the ``BYE`` tag fails with
@@ -286,4 +289,3 @@ def _left(req) -> bool:
     except CommTimeout:
         return False
     return False
-
