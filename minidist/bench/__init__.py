@@ -6,6 +6,7 @@ BENCHMARKS = {
     "collectives": "minidist.bench.collectives",
     "ddp": "minidist.bench.ddp",
     "faults": "minidist.bench.faults",
+    "blame": "minidist.bench.blame",
     "pipeline": "minidist.bench.pipeline",
     "tensor": "minidist.bench.tensor",
     "ps": "minidist.bench.param_server",

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 from multiprocess.connection import wait as wait_any
 
-from ..errors import WorkerCommTimeout, WorkerError
+from ..errors import PeerLeftError, WorkerCommTimeout, WorkerError
 
 CAUSE_WINDOW = 1.0  # seconds to wait for the cause after a rank lost a connection
 LOST = re.compile(r"Connection (?:reset|closed|refused) by peer|Connection refused|"
@@ -37,8 +37,16 @@ class Results(list):
 
 
 def failure_kind(e: BaseException, is_timeout: bool) -> str | None:
-    """How the caller weighs a rank's exception: ``"timeout"``, ``"lost"`` (a connection to
-    another rank broke: a consequence) or None (a cause in itself)."""
+    """How the caller weighs a rank's exception: ``"lost"`` (a consequence of another rank
+    leaving: a broken connection, or a receive from a rank whose transport had closed,
+    ``PeerLeftError``), ``"timeout"`` or None (a cause in itself).
+
+    ``PeerLeftError`` is checked first: it is a ``CommTimeout`` too, but a rank that raised
+    closes its transport right after sending its own report, so a survivor's PeerLeftError
+    can reach the caller in the same instant as the report that caused it, and must never
+    be taken for the cause."""
+    if isinstance(e, PeerLeftError):
+        return "lost"
     if is_timeout:
         return "timeout"
     return "lost" if isinstance(e, RuntimeError) and LOST.search(str(e)) else None
@@ -77,7 +85,8 @@ class _Watch:
         rank, msg = self.failures[0]
         if self.returned:
             left = self.returned[0]
-            phrase = LOST.search(msg[2]).group(0)
+            found = LOST.search(msg[2])
+            phrase = found.group(0) if found else "its peer had left"
             return WorkerError(left, f"returned from its function while the other ranks still "
                                      f"needed it; rank {rank} then failed with {msg[1]} "
                                      f"({phrase})")
