@@ -27,6 +27,7 @@ from ..transports.emulated import EmulatedTransport, PortClocks
 from ..transports.local import LocalTransport
 from ..transports.network import Network
 from ..transports.shm_segment import Segment
+from .loopback import host_loopback_store, pin_gloo_to_loopback
 
 BACKENDS = ("local", "torch")
 DEFAULT_TIMEOUT = 60.0  # seconds, unless MINIDIST_TIMEOUT says otherwise (``check_timeout``)
@@ -111,7 +112,8 @@ def _torch_transport(spec: WorldSpec, rank: int, device: torch.device):
     pg_backend = "nccl" if device.type == "cuda" else "gloo"
     if spec.store_port is None and spec.store_meeting is None:  # torchrun: env://
         dist.init_process_group(pg_backend, init_method="env://", timeout=timeout)
-    else:
+    else:  # a launch on this machine: nothing listens beyond loopback
+        pin_gloo_to_loopback(os.environ)
         dist.init_process_group(pg_backend, store=_store(spec, rank, timeout), rank=rank,
                                 world_size=spec.world_size, timeout=timeout)
     return TorchTransport(device, owns_group=True)
@@ -119,7 +121,8 @@ def _torch_transport(spec: WorldSpec, rank: int, device: torch.device):
 
 def _store(spec: WorldSpec, rank: int, timeout: datetime.timedelta):
     """The TCPStore the ranks meet at. ``minidist run`` hosts one and passes its port;
-    under ``md.launch`` rank 0 hosts it on a port the OS picks and posts the port."""
+    under ``md.launch`` rank 0 hosts it on loopback, on a port the OS picks, and posts the
+    port."""
     import torch.distributed as dist
 
     if spec.store_meeting is None:
@@ -127,8 +130,7 @@ def _store(spec: WorldSpec, rank: int, timeout: datetime.timedelta):
                              is_master=False, timeout=timeout)
     port, ready = spec.store_meeting
     if rank == 0:
-        store = dist.TCPStore(spec.store_host, 0, spec.world_size, is_master=True,
-                              timeout=timeout, wait_for_workers=False)
+        store = host_loopback_store(spec.world_size, timeout)
         port.value = store.port
         ready.set()
         return store

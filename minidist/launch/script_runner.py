@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 
+from .loopback import LOOPBACK, host_loopback_store, pin_gloo_to_loopback
 from .runtime import check_timeout
 from .watch import signals_held
 
@@ -93,8 +94,9 @@ def _meeting_place(backend: str, nprocs: int, env: dict):
         env["MINIDIST_SHM"] = seg.name
         return seg, None
     store = host_store()
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
+    env.update(MASTER_ADDR=LOOPBACK, MASTER_PORT=str(store.port),
                MINIDIST_STORE_PORT=str(store.port))
+    pin_gloo_to_loopback(env)
     return None, store
 
 
@@ -157,14 +159,12 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def host_store():
-    """A TCPStore on a port the OS picks, so concurrent launches never collide on a port.
-    (The ranks are started with fork+exec, so its server thread cannot hurt them.)"""
+    """A TCPStore on loopback, on a port the OS picks, so concurrent launches never collide
+    on a port. (The ranks are started with fork+exec, so its server thread cannot hurt
+    them.)"""
     import datetime
 
-    import torch.distributed as dist
-
-    return dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=60),
-                         wait_for_workers=False)
+    return host_loopback_store(None, datetime.timedelta(seconds=60))
 
 
 def _die_with_parent(runner: int) -> None:
