@@ -4,7 +4,8 @@ torch.amp; NVIDIA Apex O2; DeepSpeed's fp16 optimizer; bfloat16: Kalamkar et al.
 
 * ``GradScaler`` (``grad_scaler.py``, ``md.GradScaler``): torch.amp.GradScaler's schedule;
   ``comm=`` all-reduces found_inf (max) so every rank skips the same steps
-  (``inf_agreement.py``).
+  (``inf_agreement.py``); ``loss_scaling=False`` keeps the check and the agreement without
+  scaling (bfloat16: a NaN on one rank skips the step on every rank).
 * ``MasterWeightOptimizer`` / ``MixedPrecision`` (``master_weights.py``): 16-bit model,
   float32 master copy in the optimizer, update in float32 and rounded back; composes with
   ``md.DistributedDataParallel`` (16-bit buckets: half the bytes) and ``md.ZeRO`` (sharded

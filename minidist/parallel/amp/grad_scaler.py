@@ -17,7 +17,9 @@ the gradients (``found_inf``):
 
 So S hovers just below the largest scale that does not overflow. bfloat16 (Kalamkar et al.,
 "A Study of BFLOAT16 for Deep Learning Training", 2019) keeps float32's 8 exponent bits, has
-float32's range, and needs no scaling.
+float32's range, and needs no scaling. It still needs the check: a NaN (a bad sample, a log
+of 0, a division by zero) is a NaN in any format, and a step taken on it makes the weights
+NaN. ``GradScaler(comm, loss_scaling=False)`` is that check alone (below).
 
 Distributed agreement. Every rank must skip the same steps. After DDP's all-reduce the
 gradients are bitwise the same on every rank, so a local check agrees for free; but a rank
@@ -51,7 +53,8 @@ class GradScaler:
     their order rules and their errors are torch's (``unscale_`` twice, ``step`` twice, or
     ``update`` with no step raise). ``get_scale()`` is the current S; ``state_dict`` /
     ``load_state_dict`` save and restore the schedule. Extras: ``skipped_steps`` (steps
-    skipped so far), ``found_inf`` (the last agreed decision), ``comms``. One difference:
+    skipped so far), ``skipped_at`` (which updates, counted from 0, skipped their step; of
+    ``updates`` so far), ``found_inf`` (the last agreed decision), ``comms``. One difference:
     torch creates S lazily on the loss's device at the first ``scale()`` and refuses to
     ``step`` before it; here S exists from the start, so a pipeline stage that never sees
     the loss can still unscale, agree and step (its gradients came scaled from the next
@@ -61,28 +64,41 @@ class GradScaler:
     ``DeviceMesh`` (all of its dimensions). Every rank in those groups must call
     ``unscale_``/``step`` together: it is collective. With a ``MasterWeightOptimizer`` the
     16-bit gradients are first copied into the float32 master gradients and unscaled there
-    (Micikevicius et al. 2018: unscale in float32, not in float16)."""
+    (Micikevicius et al. 2018: unscale in float32, not in float16).
+
+    ``loss_scaling=False`` (bfloat16): the scale stays 1, ``scale(loss)`` returns ``loss``
+    itself, ``unscale_`` divides nothing but still checks every gradient for inf/NaN and
+    agrees over ``comms``, ``step`` skips on every rank when any rank found one, ``update``
+    moves no scale. Why this name: torch's ``enabled=False`` is a pass-through (no check, no
+    skip); torch's degenerate form (``init_scale=1``, growth and backoff factors of 1) is
+    refused by torch's own checks (growth_factor > 1, backoff_factor < 1), and here;
+    ``scale=False`` would shadow the ``scale()`` method; an option on ``MixedPrecision``
+    would not reach ``md.ZeRO`` or a pipeline stage's optimizer, which take a scaler.
+    ``loss_scaling=False`` sits next to torch's ``enabled`` and names the one part off."""
 
     def __init__(self, comm=None, init_scale: float = 2.0**16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000,
-                 enabled: bool = True):
+                 enabled: bool = True, loss_scaling: bool = True):
         _check_schedule(init_scale, growth_factor, backoff_factor, growth_interval)
         self.comms = communicators(comm)
-        self.enabled = bool(enabled)
+        self.enabled, self.loss_scaling = bool(enabled), bool(loss_scaling)
         self.growth_factor, self.backoff_factor = float(growth_factor), float(backoff_factor)
         self.growth_interval = int(growth_interval)
-        self._scale = torch.full((), float(init_scale), dtype=torch.float32)
+        first = float(init_scale) if self.loss_scaling else 1.0
+        self._scale = torch.full((), first, dtype=torch.float32)
         self._growth_tracker = 0
         self._stages: dict[int, str] = {}
         self._found: dict[int, bool] = {}
-        self.skipped_steps = 0
+        self.skipped_steps, self.updates = 0, 0
+        self.skipped_at: list[int] = []  # the updates whose step was skipped
         self.found_inf = False
 
     # -- the three calls of a step ----------------------------------------------------------
     def scale(self, outputs):
         """``outputs * S`` (a tensor, or a list/tuple of them). The product is float32 for a
-        16-bit 0-dim loss, as in torch, so the backward starts from S in float32."""
-        if not self.enabled:
+        16-bit 0-dim loss, as in torch, so the backward starts from S in float32. Without
+        loss scaling (or disabled): ``outputs`` themselves."""
+        if not (self.enabled and self.loss_scaling):
             return outputs
         if isinstance(outputs, torch.Tensor):
             return outputs * self._scale.to(outputs.device)
@@ -92,8 +108,9 @@ class GradScaler:
                          f"{type(outputs).__name__}")
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        """Divide the optimizer's gradients by S in place and decide ``found_inf`` (agreed
-        over ``comms``). Call it before clipping gradients; ``step`` calls it otherwise."""
+        """Divide the optimizer's gradients by S in place (not without loss scaling) and
+        decide ``found_inf`` (agreed over ``comms``). Call it before clipping gradients;
+        ``step`` calls it otherwise."""
         if not self.enabled:
             return
         _check_optimizer(optimizer)
@@ -103,9 +120,12 @@ class GradScaler:
                                "the last update().")
         if stage == STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
-        grads = gradients_to_unscale(optimizer)
-        inv_scale = float(self._scale.double().reciprocal().float())
-        found = self.agree(unscale_and_check(grads, inv_scale))  # collective: even if no grads
+        grads = gradients_to_unscale(optimizer, divide=self.loss_scaling)
+        if self.loss_scaling:
+            local = unscale_and_check(grads, float(self._scale.double().reciprocal().float()))
+        else:
+            local = any_nonfinite(grads)
+        found = self.agree(local)  # collective: even if this rank has no gradients
         if grads:  # torch records no check for an optimizer without gradients
             self._found[id(optimizer)] = found
         self._stages[id(optimizer)] = UNSCALED
@@ -127,6 +147,9 @@ class GradScaler:
             raise AssertionError("No inf checks were recorded for this optimizer.")
         self._stages[id(optimizer)] = STEPPED
         if self._found[id(optimizer)]:
+            skip = getattr(optimizer, "skip_master_update", None)  # MasterWeightOptimizer
+            if skip is not None:
+                skip()
             return None
         apply = getattr(optimizer, "apply_master_update", None)  # MasterWeightOptimizer
         return apply(*args, **kwargs) if apply is not None else optimizer.step(*args, **kwargs)
@@ -134,21 +157,37 @@ class GradScaler:
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         """Move S along the schedule (torch's ``_amp_update_scale_``): back off after an
         overflow, grow after ``growth_interval`` clean steps in a row. ``new_scale`` sets S
-        directly instead."""
+        directly instead. Without loss scaling S stays 1 (only the skip is recorded)."""
         if not self.enabled:
             return
         if new_scale is not None:
-            self._scale.fill_(_as_scale(new_scale))
+            self._scale.fill_(self._new_scale(new_scale))
         else:
             if not self._found:
                 raise AssertionError("No inf checks were recorded prior to update.")
-            self.found_inf = any(self._found.values())
-            self.skipped_steps += int(self.found_inf)
-            scale, self._growth_tracker = next_scale(
-                float(self._scale), self._growth_tracker, self.found_inf, self.growth_factor,
-                self.backoff_factor, self.growth_interval)
-            self._scale.fill_(scale)
+            self._record(any(self._found.values()))
+            if self.loss_scaling:
+                scale, self._growth_tracker = next_scale(
+                    float(self._scale), self._growth_tracker, self.found_inf,
+                    self.growth_factor, self.backoff_factor, self.growth_interval)
+                self._scale.fill_(scale)
         self._stages, self._found = {}, {}
+
+    def _record(self, found_inf: bool) -> None:
+        """Keep the agreed decision of this update: ``found_inf``, the count, the history."""
+        self.found_inf = found_inf
+        if found_inf:
+            self.skipped_steps += 1
+            self.skipped_at.append(self.updates)
+        self.updates += 1
+
+    def _new_scale(self, new_scale) -> float:
+        scale = _as_scale(new_scale)
+        if not self.loss_scaling and scale != 1.0:
+            raise ValueError(f"this GradScaler has loss_scaling=False (its scale is always 1); "
+                             f"it cannot take scale {scale:g}. Build it with "
+                             "loss_scaling=True to scale the loss")
+        return scale
 
     # -- agreement, state -------------------------------------------------------------------
     def agree(self, found: bool) -> bool:
@@ -157,7 +196,7 @@ class GradScaler:
         return agree_found_inf(self.comms, found)
 
     def get_scale(self) -> float:
-        """The current loss scale S (1.0 when disabled)."""
+        """The current loss scale S (1.0 when disabled or without loss scaling)."""
         return float(self._scale) if self.enabled else 1.0
 
     def is_enabled(self) -> bool:
@@ -188,15 +227,16 @@ class GradScaler:
             raise KeyError(f"GradScaler state_dict is missing {sorted(missing)}")
         _check_schedule(state_dict["scale"], state_dict["growth_factor"],
                         state_dict["backoff_factor"], state_dict["growth_interval"])
-        self._scale.fill_(float(state_dict["scale"]))
+        self._scale.fill_(self._new_scale(float(state_dict["scale"])))
         self.growth_factor = float(state_dict["growth_factor"])
         self.backoff_factor = float(state_dict["backoff_factor"])
         self.growth_interval = int(state_dict["growth_interval"])
         self._growth_tracker = int(state_dict["_growth_tracker"])
 
     def __repr__(self) -> str:
-        return (f"GradScaler(scale={self.get_scale():g}, growth_tracker={self._growth_tracker}"
-                f"/{self.growth_interval}, skipped_steps={self.skipped_steps}, "
+        scaling = (f"scale={self.get_scale():g}, growth_tracker={self._growth_tracker}"
+                   f"/{self.growth_interval}" if self.loss_scaling else "loss_scaling=False")
+        return (f"GradScaler({scaling}, skipped_steps={self.skipped_steps}, "
                 f"comms={len(self.comms)})")
 
 
@@ -225,17 +265,24 @@ def unscale_and_check(grads: Iterable[torch.Tensor], inv_scale: float) -> bool:
     return found
 
 
-def gradients_to_unscale(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """The gradients ``unscale_`` divides: a ``MasterWeightOptimizer``'s float32 master
-    gradients (copied from the 16-bit ones first), or every ``param.grad`` of a plain
-    optimizer, which must not be float16 (torch's rule: dividing float16 gradients by S in
-    float16 would underflow the very values scaling saved)."""
+def any_nonfinite(grads: Iterable[torch.Tensor]) -> bool:
+    """True if any gradient holds an inf or NaN: the check alone, dividing nothing."""
+    return any(not bool(torch.isfinite(g).all()) for g in grads)
+
+
+def gradients_to_unscale(optimizer: torch.optim.Optimizer,
+                         divide: bool = True) -> list[torch.Tensor]:
+    """The gradients ``unscale_`` divides (or, ``divide=False``, only checks): a
+    ``MasterWeightOptimizer``'s float32 master gradients (copied from the 16-bit ones
+    first), or every ``param.grad`` of a plain optimizer, which must not be float16 when
+    divided (torch's rule: dividing float16 gradients by S in float16 would underflow the
+    very values scaling saved)."""
     master = getattr(optimizer, "master_grads", None)
     if master is not None:
         return master()
     grads = [p.grad for group in optimizer.param_groups for p in group["params"]
              if p.grad is not None]
-    if any(g.dtype == torch.float16 for g in grads):
+    if divide and any(g.dtype == torch.float16 for g in grads):
         raise ValueError("Attempting to unscale FP16 gradients. Keep float32 master weights "
                          "(md.parallel.amp.MasterWeightOptimizer or MixedPrecision), or use "
                          "torch.autocast with a float32 model")

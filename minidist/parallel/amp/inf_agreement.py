@@ -8,6 +8,12 @@ the others step, their loss scales part ways and the replicas never meet again
 (``tests/parallel/amp/test_grad_scaler.py`` shows it). DeepSpeed and Megatron-LM all-reduce
 the overflow flag over the model-parallel group for this reason; a ``DeviceMesh`` gives every
 dimension's group here, and a max over each dimension in turn is a max over the whole mesh.
+
+bfloat16 needs no loss scale (float32's range: overflow is rare) but the same agreement: a
+NaN (a bad sample, a log of 0) is a NaN in any format. A rank that skips while the others
+step (or steps on it while they skip) parts the replicas; without any check the NaN reaches
+every rank through the next all-reduce. ``GradScaler(comm, loss_scaling=False)``
+agrees on it without scaling (``tests/parallel/amp/test_bf16_agreement.py``).
 """
 
 from __future__ import annotations

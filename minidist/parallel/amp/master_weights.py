@@ -53,7 +53,8 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
     (over the master parameters), so learning-rate schedulers work unchanged.
 
     ``master_grads()``: copy the 16-bit gradients into float32 (once per step).
-    ``apply_master_update()``: the float32 step, then round the masters into the model."""
+    ``apply_master_update()``: the float32 step, then round the masters into the model.
+    ``skip_master_update()``: what a skipped step does instead (the scaler calls it)."""
 
     def __init__(self, params, base_optimizer: type = torch.optim.AdamW, *,
                  scaler: GradScaler | None = None, **optimizer_kwargs):
@@ -97,6 +98,14 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             m.grad = None
         self._copied = False
         return out
+
+    def skip_master_update(self) -> None:
+        """A skipped step: free the master gradients, so that the next step copies fresh
+        ones even if the caller clears only the 16-bit gradients (``md.ZeRO.zero_grad``)
+        and not this optimizer's; a stale inf/NaN would otherwise skip every later step."""
+        for m in self.master_params:
+            m.grad = None
+        self._copied = False
 
     def step(self, closure=None):
         """Without a scaler: copy, update, round back. With one: ``scaler.step(self);
@@ -173,7 +182,10 @@ class MixedPrecision:
 
     Wrap ``mp.model`` in ``md.DistributedDataParallel`` *after* building ``mp`` (its buckets
     then hold 16-bit gradients). ``dtype=torch.float32`` gives plain float32 training through
-    the same calls (the baseline). bfloat16 has float32's range: no scaler by default."""
+    the same calls (the baseline). bfloat16 has float32's range: no scaler by default; but a
+    NaN on one rank still needs every rank to skip, so with DDP, ZeRO or pipeline stages
+    pass ``scaler=md.GradScaler(comm, loss_scaling=False)`` (the check and the agreement,
+    no scaling)."""
 
     def __init__(self, model: nn.Module, optimizer_class: type = torch.optim.AdamW,
                  dtype: torch.dtype = torch.float16, scaler: GradScaler | str | None = "auto",
