@@ -132,7 +132,7 @@ def _torch_worker(cfg: dict, fail: bool) -> None:
     path = Path(cfg["dir"]) / "torch.pt"
     if path.exists():
         start = time.perf_counter()
-        ck = torch.load(path, weights_only=False)
+        ck = torch.load(path, weights_only=True)  # as md.elastic: tensors and plain types only
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         sampler.load_state_dict(ck["sampler"])

@@ -58,10 +58,10 @@ from .elastic_sampler import ElasticBatch, ElasticSampler
 from .full_state import FullState, export_state, import_state
 from .loop import HostsUpdatedInterrupt, check_membership, run
 from .rendezvous import Rendezvous
-from .state import CommitStore, TorchState
+from .state import CommitError, CommitStore, TorchState
 
 __all__ = [
-    "Attempt", "CommitStore", "ElasticBatch", "ElasticError", "ElasticResults",
+    "Attempt", "CommitError", "CommitStore", "ElasticBatch", "ElasticError", "ElasticResults",
     "ElasticSampler", "FullState", "HostsUpdatedInterrupt", "NotEnoughRanksError",
     "Rendezvous", "TorchState", "check_membership", "export_state", "failure_seconds",
     "import_state", "launch", "lost_steps", "overhead", "run", "young_interval",

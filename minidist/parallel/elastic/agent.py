@@ -15,6 +15,18 @@ job's ranks resume from the last commit each time (``loop.run``). Three endings:
 
 Each relaunch costs the start of fresh processes plus the restore (``elastic_costs.py``); the bench
 ``minidist bench elastic`` measures both.
+
+Before the first launch the agent checks what no relaunch can fix, since a rank that fails
+on it fails again at every size, until ``NotEnoughRanksError`` says nothing useful: the
+commit directory (``CommitStore.prepare``) and the last commit (damaged or planted: a
+``CommitError`` naming the file). A missing ``commit_dir`` is created (``mkdir -p``, mode
+0700), as torch's distributed checkpoint (``FileSystemWriter``) and Lightning's
+``ModelCheckpoint`` do: a learner names a checkpoint directory to be made, and the first
+run of a job has none yet; a path that is a file is an error (``NotADirectoryError``),
+since writing commits beside it or replacing it would be a guess. The agent owns the
+directory during a run: before each launch, when no rank is alive, it removes the
+temporaries that a write cut short left there (``.commit-*.tmp``, only those), which a
+second job writing in the same directory would lose: one job per commit directory.
 """
 
 from __future__ import annotations
@@ -97,15 +109,19 @@ def launch(fn: Callable, world_size: int, *, min_ranks: int = 1, max_ranks: int 
     ``min_ranks``/``max_ranks``: the sizes the job may run at (torchrun's ``MIN:MAX``);
     ``max_restarts``: failures tolerated; ``discover(step) -> slots``: how many slots the
     cluster offers at a commit (joins and planned shrinks); ``commit_dir``: where commits
-    live (a temporary directory, removed at the end, by default); ``launch_options``: passed
-    to ``md.launch`` (``timeout``, ``backend``, ``network``...)."""
+    live (created if missing; a temporary directory, removed at the end, by default; give
+    one only you can write: see ``commit_store.py``); ``launch_options``: passed to
+    ``md.launch`` (``timeout``, ``backend``, ``network``...)."""
     max_ranks = world_size if max_ranks is None else max_ranks
     _check_sizes(world_size, min_ranks, max_ranks, max_restarts)
     with _directory(commit_dir) as directory:
         store, attempts = CommitStore(directory), []
+        store.prepare()
         n, restarts = world_size, 0
         while True:
-            rdzv = Rendezvous(store, len(attempts), restarts, n, min_ranks, max_ranks, discover)
+            store.remove_stale()
+            rdzv = Rendezvous(store.quiet(), len(attempts), restarts, n, min_ranks, max_ranks,
+                              discover)
             start, t0 = store.step(), time.perf_counter()
             try:
                 results = md_launch(_attempt, n, args=(fn, rdzv, tuple(args), kwargs or {}),

@@ -4,9 +4,12 @@ A commit is the point a failure rolls back to. It holds everything the next step
 on: the parameters, the optimizer state, the sampler's ``epoch`` and ``position``, the step
 count and the user's own fields (Horovod's ``state.epoch``, ``state.batch``...). Because a
 failure here kills every rank (see the package docstring), the commit cannot live only in
-the ranks' memory as Horovod's does: rank 0 writes it to the rendezvous directory, to a
+the ranks' memory as Horovod's does: rank 0 writes it to the commit directory, to a
 temporary name and then ``os.replace`` onto ``commit.pt``, so a rank killed in the middle
-of writing leaves the previous commit whole (a rename is atomic on POSIX).
+of writing leaves the previous commit whole (a rename is atomic on POSIX; the files, their
+mode 0600, the safe loading and the fallback to ``commit.prev.pt``: ``commit_store.py``).
+A commit therefore holds only tensors and plain types, which ``torch.load(weights_only=True)``
+rebuilds without running anything: the fields too (numbers, strings, lists, dicts of them).
 
 Cost of a commit (``elastic_costs.py``): the gather of ZeRO's sharded optimizer state (K Psi bytes
 on a ring) plus serialising (2 + K) Psi bytes on rank 0; every k steps, so the overhead
@@ -15,45 +18,15 @@ per step is ``t_commit / k``.
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-
 import torch
 from torch import nn
 
 from ...collectives import broadcast
+from .commit_store import COMMIT_FILE, CommitError, CommitStore, check_plain
 from .elastic_sampler import ElasticSampler
 from .full_state import export_state, import_state
 
-COMMIT_FILE = "commit.pt"
-
-
-class CommitStore:
-    """One commit in ``directory``, replaced atomically."""
-
-    def __init__(self, directory: str | os.PathLike):
-        self.path = Path(directory) / COMMIT_FILE
-
-    def save(self, payload: dict) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".commit-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(payload, f)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-    def load(self) -> dict | None:
-        if not self.path.exists():
-            return None
-        return torch.load(self.path, weights_only=False)
-
-    def step(self) -> int | None:
-        """The committed step, or None before the first commit (reads the whole file)."""
-        payload = self.load()
-        return None if payload is None else int(payload["step"])
+__all__ = ["COMMIT_FILE", "CommitError", "CommitStore", "TorchState"]
 
 
 class TorchState:
@@ -63,7 +36,9 @@ class TorchState:
     ``optimizer``: its torch optimizer (None with ZeRO, which owns one); ``sampler``: an
     ``ElasticSampler``; ``**fields``: anything else to roll back with the model, as
     attributes (``state.seen``). Fields are saved from rank 0, so they must be the same on
-    every rank (counters, or records gathered from all ranks)."""
+    every rank (counters, or records gathered from all ranks), and plain (tensors, numbers,
+    strings, lists and dicts of them: what ``weights_only`` loads; checked here and at each
+    commit)."""
 
     def __init__(self, store: CommitStore, model: nn.Module,
                  optimizer: torch.optim.Optimizer | None = None,
@@ -84,6 +59,7 @@ class TorchState:
         self.step = 0
         self.field_names = sorted(fields)
         for name, value in fields.items():
+            check_plain(value, f"the field {name!r}")
             setattr(self, name, value)
 
     def commit(self, comm) -> None:
@@ -92,20 +68,25 @@ class TorchState:
             full = export_state(self.model, self.optimizer, comm)
             if comm.rank == 0:
                 self.store.save({
-                    "step": self.step, "world_size": comm.world_size, "model": full,
+                    "step": int(self.step), "world_size": comm.world_size, "model": full,
                     "sampler": None if self.sampler is None else self.sampler.state_dict(),
                     "fields": {n: getattr(self, n) for n in self.field_names}})
 
     def restore(self, comm) -> bool:
         """Load the last commit into every rank (re-sharding for this world size); False if
-        there is none yet, and nothing changes. Collective: rank 0 decides whether a commit
-        exists and tells the others, so no rank can see a commit that rank 0 writes after
-        having found none."""
+        there is none yet, and nothing changes. Collective: every rank reads the commit at
+        once, then rank 0 says which file it took (none, ``commit.pt``, or ``commit.prev.pt``
+        if ``commit.pt`` is damaged) and a rank that took another reads that one, so no rank
+        keeps a commit that rank 0 wrote after having found none."""
         with comm.timeline.span("restore", "elastic"):
-            found = torch.tensor([int(comm.rank == 0 and self.store.path.exists())])
-            if not int(broadcast(comm, found, src=0)):
+            files = (None, self.store.path, self.store.prev)
+            payload = self.store.load(warn=comm.rank == 0 and self.store.warn)
+            mine = files.index(self.store.loaded_from)
+            which = int(broadcast(comm, torch.tensor([mine]), src=0))
+            if not which:
                 return False
-            payload = self.store.load()
+            if which != mine:
+                payload = self.store.read(files[which])
             import_state(self.model, self.optimizer, payload["model"])
             if self.sampler is not None and payload["sampler"] is not None:
                 self.sampler.load_state_dict(payload["sampler"])
