@@ -60,6 +60,31 @@ class PeerLeftError(CommTimeout):
         return (PeerLeftError, (self.op, self.peer, self.tag, self.rank, self.detail))
 
 
+class SlowLinkTimeout(CommTimeout):
+    """On the emulated network, a message the link model makes take longer than the
+    timeout: its own ``alpha + n / bandwidth`` (raised at the send, before anything is
+    sent), or its wait behind earlier messages on the same ports (raised when the wait runs
+    out). A slow link, not a deadlock; a ``CommTimeout``, so code that catches timeouts
+    catches this too. ``detail`` gives the link, the message's size and its modelled time."""
+
+    def __init__(self, op: str, peer: int | None, tag: int | None, timeout: float,
+                 rank: int = -1, detail: str = ""):
+        self.op, self.peer, self.tag, self.timeout, self.rank = op, peer, tag, timeout, rank
+        self.detail = detail
+        who = "any rank" if peer is None else f"rank {peer}"
+        where = f"rank {rank}: " if rank >= 0 else ""
+        tag_txt = "" if tag is None else f" (tag {tag})"
+        CommError.__init__(
+            self, f"{where}{op} with {who}{tag_txt} cannot finish within the timeout of "
+                  f"{timeout:g} s: {detail} This is the emulated link's model, not a "
+                  "deadlock: raise the timeout (md.launch(..., timeout=...) or "
+                  "MINIDIST_TIMEOUT) or the link's bandwidth.")
+
+    def __reduce__(self):
+        return (SlowLinkTimeout, (self.op, self.peer, self.tag, self.timeout, self.rank,
+                                  self.detail))
+
+
 class MessageMismatchError(CommError, ValueError):
     """Sender and receiver disagree on a message's size or dtype."""
 

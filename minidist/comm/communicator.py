@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from ..errors import CommTimeout, MessageMismatchError, PeerLeftError
+from ..errors import CommTimeout, MessageMismatchError, PeerLeftError, SlowLinkTimeout
 from ..trace import Timeline
 from . import tensors
 from .contexts import ACK, ACK_CODE, WORLD_CTX, ack_tag, check_tag, child_ctx
@@ -74,6 +74,9 @@ class Request:
                 detail = " ".join(filter(None, [self.comm.received.describe(self.peer),
                                                 self.comm._numbering(self.peer)]))
                 raise PeerLeftError(self.op, self.peer, self.tag, self.comm.rank, detail)
+            if not done and getattr(self.raw, "too_slow", "") and not self.raw.done:
+                raise SlowLinkTimeout(self.op, self.peer, self.tag, limit, self.comm.rank,
+                                      self.raw.too_slow)  # a slow emulated link
             if not done:
                 received = self.comm.received
                 detail = received.describe(self.peer) if self.is_recv else self._rendezvous()

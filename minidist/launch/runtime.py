@@ -85,7 +85,7 @@ def connect(spec: WorldSpec, rank: int, local_rank: int | None = None) -> Commun
     if spec.backend == "local":
         transport = LocalTransport(Segment.attach(spec.shm_name), rank)
         if spec.network is not None:
-            transport = EmulatedTransport(transport, spec.network, spec.ports)
+            transport = EmulatedTransport(transport, spec.network, spec.ports, spec.timeout)
     else:
         transport = _torch_transport(spec, rank, device)
     return Communicator(transport, tuple(range(spec.world_size)), rank, timeout=spec.timeout,

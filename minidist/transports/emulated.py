@@ -44,20 +44,29 @@ is burnt, so eight ranks on two cores still overlap communication with computati
 emulation can only slow things down: a link faster than this machine's memory copies shows
 this machine's speed. The local transport's shared-memory all_reduce would bypass the
 links, so this transport offers no capabilities and collectives pass messages.
+
+Slower than the timeout. A message whose own ``alpha + n / bandwidth`` exceeds the
+launch's timeout can never be waited for: its send raises ``SlowLinkTimeout`` at once,
+naming the link, the size and the modelled time, before anything is sent or slept. A wait
+that runs out while its bytes are in but their modelled time is still ahead (queued behind
+earlier messages) says the same (``too_slow`` on the request), not "deadlock?".
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
 import torch
 
+from ..errors import SlowLinkTimeout
 from .local import LocalTransport
-from .network import Network
+from .network import Link, Network
 
 _STAMP_CODE = -0x57  # dtype code of stamp messages: only ever compared with itself
 _EGRESS, _INGRESS = 0, 1
+_SLEEP_SLICE = 1.0  # seconds: time.sleep overflows on a modelled time of 1e300 s
 
 
 def _stamp_ctx(ctx: int) -> int:
@@ -104,12 +113,14 @@ class PortClocks:
 
 
 class _Send:
-    """A send: done once the local transport wrote it and its bytes left the egress port."""
+    """A send: done once the local transport wrote it and its bytes left the egress port.
+    ``too_slow``: why a wait on it ran out, when the link model is the reason."""
 
-    __slots__ = ("inner", "due")
+    __slots__ = ("inner", "due", "link", "nbytes", "too_slow")
 
-    def __init__(self, inner, due: float):
-        self.inner, self.due = inner, due
+    def __init__(self, inner, due: float, link: Link | None, nbytes: int):
+        self.inner, self.due, self.link, self.nbytes = inner, due, link, nbytes
+        self.too_slow = ""
 
     @property
     def done(self) -> bool:
@@ -119,12 +130,13 @@ class _Send:
 class _Recv:
     """A receive: first its stamp, then its payload, then done at the stamped time."""
 
-    __slots__ = ("stamp_req", "stamp", "buf", "ctx", "tag", "code", "inner", "due")
+    __slots__ = ("stamp_req", "stamp", "buf", "ctx", "tag", "code", "inner", "due",
+                 "too_slow")
 
     def __init__(self, stamp_req, stamp: torch.Tensor, buf: torch.Tensor, ctx, tag, code):
         self.stamp_req, self.stamp, self.buf = stamp_req, stamp, buf
         self.ctx, self.tag, self.code = ctx, tag, code
-        self.inner, self.due = None, float("inf")
+        self.inner, self.due, self.too_slow = None, float("inf"), ""
 
     @property
     def done(self) -> bool:
@@ -140,13 +152,19 @@ class _Recv:
 
 
 class EmulatedTransport:
-    """A ``LocalTransport`` whose messages take the time ``network`` says (module docstring)."""
+    """A ``LocalTransport`` whose messages take the time ``network`` says (module docstring).
+
+    ``timeout``: the launch's; a send whose message alone takes longer than that on its link
+    raises ``SlowLinkTimeout`` at once instead of timing out later like a deadlock.
+    """
 
     name = "emulated"
     cuda_native = False
 
-    def __init__(self, inner: LocalTransport, network: Network, clocks: PortClocks):
+    def __init__(self, inner: LocalTransport, network: Network, clocks: PortClocks,
+                 timeout: float = math.inf):
         self.inner, self.network, self.clocks = inner, network, clocks
+        self.timeout = timeout
         self.rank, self.world_size = inner.rank, inner.world_size
         self._unmatched: list[_Recv] = []  # stamp not in yet; in posting order
         self._active: list = []  # local-transport requests that may still need progress
@@ -157,21 +175,24 @@ class EmulatedTransport:
         return self.network if name == "network" else None
 
     def isend(self, t: torch.Tensor, dst: int, ctx: int, tag: int, code: int) -> _Send:
-        sent, due = self._reserve(dst, t.numel() * t.element_size())
+        nbytes = t.numel() * t.element_size()
+        link = None if dst == self.rank else self.network.link(self.rank, dst)
+        if link is not None and _never_in_time(link.time(nbytes), self.timeout):
+            raise SlowLinkTimeout("send", dst, tag, self.timeout, self.rank,
+                                  _takes(link, nbytes) + ".")
+        sent, due = self._reserve(dst, nbytes, link)
         stamp = torch.tensor([due], dtype=torch.float64)
         self.inner.isend(stamp, dst, _stamp_ctx(ctx), tag, _STAMP_CODE)
-        req = _Send(self.inner.isend(t, dst, ctx, tag, code), sent)
+        req = _Send(self.inner.isend(t, dst, ctx, tag, code), sent, link, nbytes)
         self._track(req.inner)
         return req
 
-    def _reserve(self, dst: int, nbytes: int) -> tuple[float, float]:
+    def _reserve(self, dst: int, nbytes: int, link: Link | None) -> tuple[float, float]:
         """(when the bytes have left this rank, when they are delivered at ``dst``)."""
-        if dst == self.rank:
+        if link is None:  # to oneself: not on the network
             now = time.perf_counter()
             return now, now
-        net = self.network
-        link = net.link(self.rank, dst)
-        sent = self.clocks.reserve(self.rank, dst, net.link_class(self.rank, dst),
+        sent = self.clocks.reserve(self.rank, dst, self.network.link_class(self.rank, dst),
                                    nbytes / link.bandwidth)
         return sent, sent + link.alpha
 
@@ -215,7 +236,24 @@ class EmulatedTransport:
             self._match()
         if not self.inner.wait(req.inner, max(0.0, deadline - time.perf_counter())):
             return False
-        return self._sleep_until(req.due, deadline)
+        if self._sleep_until(req.due, deadline):
+            return True
+        req.too_slow = self._late(req, req.due - deadline, timeout)  # the model, not a peer
+        return False
+
+    def _late(self, req, late: float, timeout: float) -> str:
+        """Why a wait whose bytes are in ran out: the message is modelled to complete ``late``
+        seconds after its deadline."""
+        if isinstance(req, _Send):
+            link, nbytes = req.link, req.nbytes
+        else:
+            link, nbytes = self.network.link(req.inner.source, self.rank), req.inner.msg_nbytes
+        if link is None:
+            return ""
+        queued = ("; the rest is its wait behind earlier messages on the same ports"
+                  if link.time(nbytes) <= timeout else "")
+        return (f"it is modelled to complete {late:.3g} s after the wait ran out: "
+                f"{_takes(link, nbytes)}{queued}.")
 
     def _sleep_until(self, t: float, deadline: float) -> bool:
         """Sleep until time ``t`` (False if ``deadline`` comes first) while the local
@@ -226,7 +264,7 @@ class EmulatedTransport:
             if self._active:
                 self.inner.wait(self._active[0], end - now)
             else:
-                time.sleep(end - now)
+                time.sleep(min(end - now, _SLEEP_SLICE))
             self._match()
         return t <= deadline
 
@@ -238,3 +276,14 @@ class EmulatedTransport:
 
     def close(self) -> None:
         self.inner.close()
+
+
+def _never_in_time(took: float, timeout: float) -> bool:
+    """A message of ``took`` modelled seconds outlasts the timeout (inf: it never arrives,
+    whatever the timeout)."""
+    return took > timeout or math.isinf(took)
+
+
+def _takes(link: Link, nbytes: int) -> str:
+    return (f"on the emulated network its message of {nbytes} bytes takes "
+            f"{link.time(nbytes):.3g} s on {link!r} (alpha + n / bandwidth)")

@@ -61,7 +61,8 @@ class Link:
                              f"got {self.alpha}")
         if not self.bandwidth > 0:  # also rejects NaN
             raise ValueError(f"Link bandwidth is in bytes per second and must be > 0, "
-                             f"got {self.bandwidth}")
+                             f"got {self.bandwidth}; for a link with latency only, pass "
+                             "bandwidth=math.inf")
 
     def time(self, nbytes: float) -> float:
         """Seconds for one message of ``nbytes`` on an idle link: alpha + n / bandwidth."""
