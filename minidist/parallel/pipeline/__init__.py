@@ -2,12 +2,13 @@
 
 ``schedules.py``: each stage's action list for naive, GPipe, 1F1B and interleaved 1F1B;
 ``simulator.py``: runs action lists against each other (deadlock, completeness, memory,
-bubble) with no process at all; ``stage.py``: ``PipelineStage``, one rank's submodule and its
-messages; ``schedule.py``: the runtime that executes an action list (``ScheduleNaive``,
-``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``, ``PipelineSchedule`` for any
-list); ``partition.py``: cutting a model into balanced stages, with a per-stage report;
-``measure.py``: activation bytes and the bubble measured from a timeline. ``md.pipeline`` is
-this package:
+bubble) with no process at all; ``stage.py``: ``PipelineStage``, one rank's submodule run on
+micro-batches; ``p2p.py``: its messages to its neighbours (activations, gradients, shape
+headers), on the stage's device; ``schedule.py``: the runtime that executes an action list
+(``ScheduleNaive``, ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``,
+``PipelineSchedule`` for any list); ``partition.py``: cutting a model into balanced stages,
+with a per-stage report; ``measure.py``: activation bytes and the bubble measured from a
+timeline. ``md.pipeline`` is this package:
 
     md.pipeline.actions("1f1b", stages=4, microbatches=8)
     md.pipeline.simulate(lists).bubble      # (p - 1) / (m + p - 1) = 3/11 here
