@@ -18,6 +18,12 @@ is at most p - 1 elements per group, always zero, and never read back into a par
 
 FSDP (Zhao et al., VLDB 2023) calls the same thing a ``FlatParameter``: one per wrapped
 unit, which is what stage 3 uses here (one group per unit, ``param_units.py``).
+
+Below the layout, the few moves every stage makes between a module and its flat buffers:
+``flat_parameters`` (the parameters become views of one buffer per group, so that writing
+the buffer, an all-gather, updates the module in place), ``flat_gradients``,
+``point_grads_at`` and ``take_grads`` (the same for the full gradients of stages 0 and 1),
+``group_parameters`` and ``storage_bytes`` (what a rank really holds).
 """
 
 from __future__ import annotations
@@ -93,6 +99,41 @@ class FlatShards:
     def __repr__(self) -> str:
         return (f"FlatShards({self.index}: {len(self.params)} params, numel={self.numel}, "
                 f"padded={self.padded}, shard={self.shard_numel} x {self.world_size})")
+
+
+def flat_parameters(groups: list[FlatShards]) -> list[torch.Tensor]:
+    """One new flat buffer per group, holding its parameters' values, with the parameters
+    made views of it (``point_params_at``)."""
+    flats = [g.empty() for g in groups]
+    for g, flat in zip(groups, flats):
+        point_params_at(g, flat)
+    return flats
+
+
+def flat_gradients(groups: list[FlatShards]) -> list[torch.Tensor]:
+    """One zero flat gradient buffer per group, every ``param.grad`` a view of it: autograd
+    then accumulates the gradients in place, straight into the buffer a collective reads."""
+    flats = [g.empty() for g in groups]
+    for g, flat in zip(groups, flats):
+        point_grads_at(g, flat)
+    return flats
+
+
+def point_grads_at(group: FlatShards, flat: torch.Tensor) -> None:
+    """Make every ``param.grad`` of ``group`` a view of ``flat`` (values not copied)."""
+    for p, view in zip(group.params, group.views(flat)):
+        p.grad = view
+
+
+def take_grads(group: FlatShards, flat: torch.Tensor) -> torch.Tensor:
+    """``flat``, made to hold the group's gradients: a ``param.grad`` that someone replaced
+    since ``point_grads_at`` (a new tensor, or None for zeros) is copied in and pointed back
+    at its view, so the buffer never silently misses a gradient. Returns ``flat``."""
+    for p, view in zip(group.params, group.views(flat)):
+        if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+            view.copy_(p.grad) if p.grad is not None else view.zero_()
+            p.grad = view
+    return flat
 
 
 def point_params_at(group: FlatShards, flat: torch.Tensor) -> None:

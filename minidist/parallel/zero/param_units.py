@@ -1,4 +1,4 @@
-"""Stage 3 (P_os+g+p; FSDP's idea): parameters sharded too, gathered one unit at a time.
+"""Stage 3's machinery (``stage3.py``): parameters sharded too, gathered one unit at a time.
 
 Between steps rank r holds only shard r of every parameter. A *unit* is a submodule whose
 parameters are gathered together (FSDP's ``fully_shard`` unit, Zhao et al. VLDB 2023):
@@ -36,7 +36,7 @@ from torch import nn
 from ...collectives import all_gather
 from ..data.graph import tensors_in
 from ..data.scheduler import CommThread
-from .flat_shards import FlatShards, point_params_at, storage_bytes
+from .flat_shards import FlatShards, flat_parameters, storage_bytes
 
 
 def default_units(module: nn.Module) -> list[nn.Module]:
@@ -56,6 +56,17 @@ def default_units(module: nn.Module) -> list[nn.Module]:
         return [c for c in module.children() if any(True for _ in c.parameters())]
     visit(module)
     return units
+
+
+def units_of(module: nn.Module, units: list[nn.Module] | None) -> list[nn.Module]:
+    """The units to gather: ``units`` as given (each must be a submodule of ``module``), or
+    ``default_units(module)`` when None."""
+    if units is None:
+        return default_units(module)
+    inside = {id(m) for m in module.modules()}
+    if any(id(u) not in inside for u in units):
+        raise ValueError("units must be submodules of the module ZeRO wraps; one of them is not")
+    return list(units)
 
 
 def plan_units(params: list[nn.Parameter], units: list[nn.Module]) -> tuple[list[list[int]],
@@ -81,11 +92,9 @@ class ParameterGatherer:
 
     def __init__(self, comm, groups: list[FlatShards], modules: list[nn.Module | None]):
         self.comm, self.groups = comm, groups
-        self.flats = [g.empty() for g in groups]
-        self.shards = []
-        for g, flat in zip(groups, self.flats):
-            point_params_at(g, flat)  # parameters become views of the flat buffer
-            self.shards.append(nn.Parameter(g.shard_of(flat).clone()))
+        self.flats = flat_parameters(groups)  # parameters become views of the flat buffers
+        self.shards = [nn.Parameter(g.shard_of(flat).clone()) for g, flat in zip(groups,
+                                                                                 self.flats)]
         self.gathered = [True] * len(groups)
         self.peak_bytes = 0  # most parameter bytes held at once since the last reset
         self.root = next((k for k, m in enumerate(modules) if m is None), None)

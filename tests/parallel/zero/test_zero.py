@@ -234,6 +234,32 @@ def test_zero_rank_bytes_reproduces_the_papers_figure_1():
     assert zero_step_bytes([100], 4, 3, 2) == 1.5 * zero_step_bytes([100], 4, 1, 2)
 
 
+# -- md.ZeRO builds one class per stage --------------------------------------------------------
+def _stage_classes_rank(comm):
+    from minidist.parallel.zero import ZeROStage0, ZeROStage1, ZeROStage2, ZeROStage3
+
+    direct = [cls(mlp(), comm) for cls in (ZeROStage0, ZeROStage1, ZeROStage2, ZeROStage3)]
+    out = {"built": [type(ZeRO(mlp(), comm, stage=k)).__name__ for k in range(4)],
+           "positional": type(ZeRO(mlp(), comm, 1, torch.optim.SGD, lr=0.1)).__name__,
+           "default": type(ZeRO(mlp(), comm)).__name__,
+           "direct": [(z.stage, isinstance(z, ZeRO), isinstance(z, md.ZeRO)) for z in direct],
+           "gatherer": [hasattr(z, "gatherer") for z in direct]}
+    try:
+        ZeROStage1(mlp(), comm, stage=2)
+    except ValueError as e:
+        out["mismatch"] = str(e)
+    return out
+
+
+def test_zero_builds_the_class_of_its_stage():
+    got = md.launch(_stage_classes_rank, 2, timeout=60)[0]
+    assert got["built"] == ["ZeROStage0", "ZeROStage1", "ZeROStage2", "ZeROStage3"]
+    assert got["positional"] == "ZeROStage1" and got["default"] == "ZeROStage2"
+    assert got["direct"] == [(k, True, True) for k in range(4)]  # a stage's class: its stage
+    assert got["gatherer"] == [False, False, False, True]  # stage 3's alone
+    assert "ZeROStage1 is ZeRO stage 1" in got["mismatch"] and "stage=2" in got["mismatch"]
+
+
 # -- errors -------------------------------------------------------------------------------------
 def _errors_rank(comm):
     got = {}
