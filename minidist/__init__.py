@@ -37,7 +37,7 @@ from .errors import (
     WorkerError,
 )
 from .faults import inject_delay, slow_rank
-from .launch import Results, init, launch
+from .launch import RankFailed, Results, init, launch
 from .parallel import elastic, pipeline
 from .parallel.amp import GradScaler
 from .parallel.data import (
@@ -66,7 +66,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ANY_SOURCE", "UNDEFINED", "Communicator", "Request", "CommError", "CommTimeout",
     "MessageMismatchError", "MinidistError", "PeerLeftError", "WorkerError", "Results", "launch",
-    "init",
+    "init", "RankFailed",
     "CommStats", "PeerStats", "Timeline", "plot_gantt", "to_chrome_trace",
     "ALL_REDUCE_ALGORITHMS", "CollectiveMismatchError", "all_gather", "all_reduce",
     "all_reduce_coalesced", "all_to_all", "broadcast", "gather", "reduce", "reduce_scatter",

@@ -2,7 +2,7 @@
 ``md.init`` (``runtime.py``) inside a script that ``minidist run`` (``script_runner.py``) or
 ``torchrun`` started."""
 
-from .processes import Results, launch
+from .processes import RankFailed, Results, launch
 from .runtime import init
 
-__all__ = ["Results", "launch", "init"]
+__all__ = ["RankFailed", "Results", "launch", "init"]

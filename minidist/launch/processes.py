@@ -5,10 +5,11 @@ so a function defined in a notebook cell can be launched under fork and spawn al
 caller watches every rank's result pipe and process sentinel at once, so the first failure,
 whether an exception or a process that simply died, is reported within milliseconds, the
 other ranks are stopped, and nothing (no process, no shared-memory segment) outlives the call
-(``watch.py``: collecting, blame, teardown). Nor does anything outlive a killed caller: ranks
-die with it (PR_SET_PDEATHSIG, checked against a caller that died first), the segment's name
-has a guard (``transports/shm_segment.py``), and interrupts wait while ranks are started or
-torn down.
+(``watch.py``: collecting, blame, teardown). With ``on_rank_failure="continue"`` the others
+are told of a failure instead and run on (``failures.py``). Nor does anything outlive a
+killed caller: ranks die with it (PR_SET_PDEATHSIG, checked against a caller that died
+first), the segment's name has a guard (``transports/shm_segment.py``), and interrupts wait
+while ranks are started or torn down.
 """
 
 from __future__ import annotations
@@ -26,16 +27,18 @@ import multiprocess as mp
 from ..errors import CommTimeout
 from ..transports.emulated import PortClocks
 from ..transports.network import Network
+from .failures import RankFailed, check_on_rank_failure, collect_tolerating
 from .runtime import WorldSpec, check_backend_device, check_timeout, connect
 from .watch import Results, collect, failure_kind, signals_held, teardown
 
-__all__ = ["Results", "launch"]
+__all__ = ["RankFailed", "Results", "launch"]
 
 
 def launch(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
            backend: str = "local", device: str = "cpu", timeout: float | None = None,
            start_method: str | None = None, threads: int | None = None,
-           trace: bool = False, network: Network | None = None) -> Results:
+           trace: bool = False, network: Network | None = None,
+           on_rank_failure: str = "error") -> Results:
     """Run ``fn(comm, *args, **kwargs)`` on ``world_size`` ranks; return results by rank.
 
     ``timeout`` bounds every blocking communication call (``md.CommTimeout`` past it); by
@@ -46,10 +49,18 @@ def launch(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
     after the parent ran an OpenMP-parallel torch op hangs in its first parallel region.
     ``network`` (an ``md.Network``, local backend only) makes every message take the time
     its link would take on that network (``transports/emulated.py``).
+
+    ``on_rank_failure``: ``"error"`` (default): the first rank that raises or dies stops
+    every rank and ``md.WorkerError`` names it. ``"continue"`` (local backend only), for
+    programs that can do without a rank (an asynchronous parameter server's workers): the
+    others are told (their receives from it raise ``md.PeerLeftError``) and run on, and the
+    returned list holds an ``md.RankFailed`` in the failed rank's slot (``.failures`` lists
+    them); a failure the others cannot survive still raises (``failures.py``).
     """
     world_size, args, kwargs = _check_launch_args(fn, world_size, args, kwargs)
     timeout = check_timeout(timeout)
     check_backend_device(backend, device)
+    tolerate = check_on_rank_failure(on_rank_failure, backend)
     _check_network(network, backend, world_size)
     method = _start_method(start_method, device)
     threads = _thread_count(threads, method, world_size)
@@ -62,7 +73,7 @@ def launch(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
             spec, owned = _prepare_world(backend, world_size, device, timeout, trace, ctx,
                                          network)
         _start_ranks(ctx, method, spec, threads, (fn, args, kwargs), procs, conns)
-        results = collect(procs, conns, owned)
+        results = (collect_tolerating if tolerate else collect)(procs, conns, owned)
         ok = True
         return results
     except KeyboardInterrupt:

@@ -31,9 +31,12 @@ _HELD = tuple(getattr(signal, s) for s in ("SIGINT", "SIGTERM", "SIGHUP") if has
 
 class Results(list):
     """The per-rank return values, in rank order. With ``trace=True``, ``timelines`` holds
-    each rank's recorded events (see ``minidist.trace``)."""
+    each rank's recorded events (see ``minidist.trace``). Under ``on_rank_failure=
+    "continue"``, a failed rank's slot holds an ``md.RankFailed`` and ``failures`` lists
+    them (``failures.py``); otherwise it is empty."""
 
     timelines: list[list[dict]] | None = None
+    failures: tuple = ()
 
 
 def failure_kind(e: BaseException, is_timeout: bool) -> str | None:

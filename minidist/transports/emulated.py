@@ -149,6 +149,8 @@ class _Recv:
     nbytes = property(lambda self: self.inner.nbytes)
     msg_nbytes = property(lambda self: self.inner.msg_nbytes)
     msg_code = property(lambda self: self.inner.msg_code)
+    # the sender has left without sending it (``md.PeerLeftError``), stamp or payload
+    peer_left = property(lambda self: (self.inner or self.stamp_req).peer_left)
 
 
 class EmulatedTransport:

@@ -21,6 +21,11 @@ the core. Several threads may share one transport (DDP's communication thread an
 thread, or a user's threads): one lock guards the queues and the rings, taken for each
 post and each progress step and released while a waiter sleeps, so one thread's wait never
 stops another from sending.
+
+A rank that has gone says so in the segment: a closing transport marks itself left, and the
+launcher marks a rank whose process ended without closing dead (``md.launch(...,
+on_rank_failure="continue")``). A receive from a rank that has gone fails at once
+(``md.PeerLeftError``) once what it sent is drained; sends to a dead rank are discarded.
 """
 
 from __future__ import annotations
@@ -190,10 +195,22 @@ class LocalTransport:
         while ch.queue:
             req = ch.queue[0]
             if not self._push(ch, req):
+                if self.seg.has_died(ch.peer):  # checked only on a full ring: never hot
+                    self._drop_sends(ch)
                 return
             req.done = True
             req.keep = None
             ch.queue.popleft()
+
+    @staticmethod
+    def _drop_sends(ch: _Channel) -> None:
+        """The receiver's process has ended (the launcher marked it dead): nobody will ever
+        drain the ring, so the sends queued to it complete now, discarded, as a buffered
+        send completes whether or not it is received; a sender waiting on a full ring
+        would otherwise wait for the timeout."""
+        for req in ch.queue:
+            req.done, req.keep = True, None
+        ch.queue.clear()
 
     def _push(self, ch: _Channel, req: SendRequest) -> bool:
         """Write as much of ``req`` as the ring has room for; True when all of it is written."""
@@ -335,8 +352,8 @@ class LocalTransport:
     def _sender_left(self, req) -> bool:
         """A receive from a named rank that has closed its transport, with nothing of its
         left in the ring: no message can come any more (the rank returned from its
-        function). Checked before sleeping, so the receiver learns it at once instead of
-        after the timeout."""
+        function, or the launcher marked it dead). Checked before sleeping, so the receiver
+        learns it at once instead of after the timeout."""
         if not isinstance(req, RecvRequest) or req.src == ANY or req.src == self.rank \
                 or not self.seg.has_left(req.src):
             return False

@@ -52,8 +52,10 @@ MIN_RING, MAX_RING = 256 * 1024, 8 * 1024 * 1024
 SCRATCH_SLOT = 4 * 1024 * 1024  # per rank, for shm_collectives.py
 
 # header words (int64): magic, world_size, ring_bytes, scratch bytes, then one "attached"
-# word per rank
+# word per rank: 0 not yet, 1 attached, 2 left (closed its transport), 3 dead (its process
+# ended without closing; written by the launcher)
 _H_MAGIC, _H_WORLD, _H_RING, _H_SCRATCH, _H_ATTACHED = 0, 1, 2, 3, 8
+_LEFT, _DEAD = 2, 3
 MAX_WORLD = (HEADER_BYTES // 8) - _H_ATTACHED
 
 
@@ -154,10 +156,24 @@ class Segment:
 
     def mark_left(self, rank: int) -> None:
         """Rank ``rank`` closed its transport: it will send nothing more."""
-        self.header[_H_ATTACHED + rank] = 2
+        self.header[_H_ATTACHED + rank] = _LEFT
+
+    def mark_dead(self, rank: int) -> None:
+        """Rank ``rank``'s process has ended (the launcher saw it die): it will send nothing
+        more and read nothing more. A dead process cannot mark itself left, so under
+        ``md.launch(..., on_rank_failure="continue")`` the caller does it, then wakes every
+        rank (``wake_all``) so that one asleep on a receive from it sees it at once."""
+        self.header[_H_ATTACHED + rank] = _DEAD
 
     def has_left(self, rank: int) -> bool:
-        return int(self.header[_H_ATTACHED + rank]) == 2
+        return int(self.header[_H_ATTACHED + rank]) >= _LEFT
+
+    def has_died(self, rank: int) -> bool:
+        return int(self.header[_H_ATTACHED + rank]) == _DEAD
+
+    def wake_all(self) -> None:
+        for rank in range(self.world_size):
+            self.ring_bell(self.bell(rank))
 
     def barrier_counts(self) -> list[int]:
         """How many shared-memory barriers each rank has entered: word 0 of rank k's cache

@@ -217,16 +217,26 @@ def test_results_are_bitwise_the_same_as_without_network():
         assert len(os.listdir("/proc/self/fd")) <= fds + 1
 
 
-def _stuck(comm):
+def _stuck(comm, sender_stays: bool):
     if comm.rank == 0:
         comm.recv(torch.empty(1), 1, tag=5)
+    elif sender_stays:
+        time.sleep(10)  # there, sending nothing: rank 0's receive can only time out
     return comm.rank
 
 
 def test_a_receive_that_never_comes_times_out():
     net = md.Network.uniform(md.Link(alpha=1e-3, bandwidth=1e9))
-    with pytest.raises(md.WorkerError, match=r"rank 0.*recv"):
-        md.launch(_stuck, 2, network=net, timeout=0.5)
+    with pytest.raises(md.WorkerError, match=r"rank 0.*recv.*timed out"):
+        md.launch(_stuck, 2, args=(True,), network=net, timeout=0.5)
+
+
+def test_a_receive_from_a_rank_that_returned_fails_at_once():
+    """As on the local transport: md.PeerLeftError, not the timeout (the launch's is 60 s)."""
+    net = md.Network.uniform(md.Link(alpha=1e-3, bandwidth=1e9))
+    with pytest.raises(md.WorkerError, match=r"rank 1 failed: returned from its function.*"
+                                             r"rank 0 then failed with PeerLeftError"):
+        md.launch(_stuck, 2, args=(False,), network=net)
 
 
 def _auto_picks(comm, sizes):

@@ -12,7 +12,8 @@ The server answers a pull with ``[version, staleness]`` (the staleness of this w
 applied push, -1 before any) and the flat shard on tag ``PARAMS``. At ``close()`` a worker
 also sends an empty message on tag ``BYE``: each server keeps a receive from every worker
 posted there, and when that receive fails with ``md.PeerLeftError`` the worker has returned
-without closing, which is how a server notices a death (local backend).
+without closing, which is how a server notices a death (local backend; a killed worker
+under ``md.launch(..., on_rank_failure="continue")``, whose launcher marks it dead).
 
 Messages between two ranks on one tag arrive in order, so a payload always follows its
 header, and a worker's pushes, pulls and close reach a server in the order it sent them.

@@ -59,11 +59,21 @@ class ParameterServer:
     round of pushes, as Downpour SGD does; sync applies one average per round.
 
     Membership: a worker may ``close()`` early, or die (return without closing), and in
-    async and ssp the servers log it, record it in ``report().departed`` and carry on with
-    the others. In sync, a departure that leaves a step without a worker's gradient raises
-    ``WorkerLeftError`` naming the worker, unless ``on_worker_exit="continue"``, which
-    averages over the workers that remain. A worker that starts late gets the current
-    parameters at its first pull (async: at once; sync and ssp wait for it, as they must).
+    async and ssp the servers log it, record it in ``report().departed`` (and its last step
+    heard in ``departed_step``) and carry on with the others; ssp's bound then counts only
+    the workers that remain. In sync, a departure that leaves a step without a worker's
+    gradient raises ``WorkerLeftError`` naming the worker, unless
+    ``on_worker_exit="continue"``, which averages over the workers that remain. A worker
+    that starts late gets the current parameters at its first pull (async: at once; sync
+    and ssp wait for it, as they must).
+
+    A worker process that dies for real (SIGKILL, ``os._exit``, an uncaught exception)
+    stops the whole launch by default, as mpirun and torchrun do. Launch with
+    ``md.launch(train, n, on_rank_failure="continue")`` and the launcher tells the servers
+    instead (their receives from the dead worker fail at once): the departure above, while
+    launch returns the survivors' results with an ``md.RankFailed`` in the dead worker's
+    slot (``launch/failures.py``). A failure the others cannot do without (a server; a sync
+    step short of the dead worker) still raises, naming the rank that died.
 
     Shared memory (``shared_memory``): when every rank is on one machine (the local
     backend, no emulated network), sync mode keeps each server's shard and a gradient slot
@@ -83,9 +93,12 @@ class ParameterServer:
 
     ``comm`` must be used by the parameter server alone while it runs (its messages travel
     on the communicator's control and collective channels, with tags of their own).
-    Death detection relies on ``md.PeerLeftError``, which the local backend provides; on the
-    torch backend a dead worker ends in a ``CommTimeout``. The real system to compare with,
-    PyTorch's RPC parameter server, is in ``torch_rpc.py``.
+    Death detection relies on ``md.PeerLeftError``, which the local backend provides (a
+    killed worker only under ``on_rank_failure="continue"``, which marks it in the shared
+    segment); on the torch backend a worker that returns without closing ends in a
+    ``CommTimeout``, and launch refuses ``on_rank_failure="continue"`` (a process group
+    cannot go on without a member). The real system to compare with, PyTorch's RPC
+    parameter server, is in ``torch_rpc.py``.
     """
 
     def __init__(self, comm, model: nn.Module, num_servers: int = 1, mode: str = "sync",

@@ -14,7 +14,10 @@ class ServerReport:
     (0 for every push in sync mode). ``bytes_in``/``bytes_out``: payload bytes of gradients
     received and parameters sent (headers excluded, as ``comm.stats`` excludes control
     traffic). ``max_ahead``: the largest ``c - slowest`` a pull was admitted at (ssp: never
-    above the bound). ``departed``: worker rank -> ``"closed"`` or ``"died"``."""
+    above the bound). ``departed``: worker rank -> ``"closed"`` or ``"died"``;
+    ``departed_step``: worker rank -> its last step this server heard (how many of its
+    pushes it had received when the worker left; one that died during step k, counting
+    from 0, has k). ``departures()`` says both in words."""
 
     rank: int
     mode: str
@@ -28,6 +31,13 @@ class ServerReport:
     staleness: list[int] = field(default_factory=list)
     pushes_by_worker: dict[int, int] = field(default_factory=dict)
     departed: dict[int, str] = field(default_factory=dict)
+    departed_step: dict[int, int] = field(default_factory=dict)
+
+    def departures(self) -> list[str]:
+        """One line per worker that left, in rank order: "worker 3 died after 5 pushes"."""
+        return [f"worker {w} {why} after {n} push{'es' if n != 1 else ''}"
+                for w, why in sorted(self.departed.items())
+                for n in [self.departed_step.get(w, 0)]]
 
     def staleness_histogram(self) -> dict[int, int]:
         """Staleness -> how many applied pushes had it, in increasing staleness."""

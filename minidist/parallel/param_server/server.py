@@ -13,9 +13,13 @@ wait in ``deferred``.
 
 Membership: a ``CLOSE`` header means a worker is done. A worker that returns without one is
 noticed while the server is idle: its posted receive on the ``BYE`` tag fails with
-``md.PeerLeftError``. Either way the server logs it, records it in the report and goes on
-with the others; in sync mode, a departure that leaves a step short raises
-``WorkerLeftError`` unless ``on_worker_exit="continue"``.
+``md.PeerLeftError``. So is a worker killed under ``md.launch(...,
+on_rank_failure="continue")``: the launcher marks it dead in the segment, and whatever it
+sent before dying is drained first (a push cut off between its header and its gradient
+is dropped). Either way the server logs it, records it in the report with the pushes it
+had received from it, and goes on with the others (in ssp the bound stops counting it); in
+sync mode, a departure that leaves a step short raises ``WorkerLeftError`` unless
+``on_worker_exit="continue"``.
 """
 
 from __future__ import annotations
@@ -223,6 +227,7 @@ class ShardServer:
     def _leave(self, w: int, reason: str) -> None:
         self.active.discard(w)
         self.stats.departed[w] = reason
+        self.stats.departed_step[w] = self.clocks[w]
         if w in self.deferred:
             self.deferred.remove(w)
         if reason == "died":  # what was on its way to it will never be received
