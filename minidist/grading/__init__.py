@@ -1,13 +1,13 @@
 """Graded notebooks: the authoritative tests, the autograder and the exercise generator.
 
-- ``registry``: which tests each exercise has (``grade_id``, points, rules, core or stretch).
-- ``checks/``: the tests themselves, one module per notebook; they run in the grader's
-  process and judge plain data, with feedback that names the mistake (``feedback``).
-- ``learner``, ``isolation``, ``program``, ``sandbox``: the learner's code runs only in child
-  processes (forked, time-limited, plain data back as JSON), loaded from the notebook's
-  cells, with the library's and torch's version of what the exercise builds out of reach.
-- ``kernel``: ``check`` for a notebook's test cells (instant feedback, never a grade).
-- ``notebook_grader``/``grade``: ``minidist grade NOTEBOOK...``; ``notebook_run`` runs a
-  notebook in a kernel (``--execute`` notes, ``build --execute``).
+- ``kernel``: ``checker`` for a notebook's test cells (``check("test_x", x)``: instant
+  feedback, never a grade); the notebooks import it from here.
+- ``notebook_grader``/``grade``: ``minidist grade NOTEBOOK...`` (``grade_notebook``);
+  ``notebook_run`` runs a notebook in a kernel (``--execute`` notes, ``build --execute``).
 - ``build``: ``python -m minidist.grading.build`` writes ``exercises/`` from ``solutions/``.
+- ``registry``: every exercise's tests (``stored_tests``), found in ``exercises/``.
+- ``exercises/``: one package per notebook: its tests, what runs on its ranks, its known
+  mistakes and feedback (``exercises/__init__.py``).
+- ``engine/``: what every exercise's tests run on: the learner's code in child processes
+  under the sandbox's rules, the harness on each rank, feedback, comparison, diagnosis.
 """

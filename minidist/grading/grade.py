@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from .feedback import first_line
+from .engine.feedback import first_line
 from .kernel import TEST_TIME_LIMIT
 
 if TYPE_CHECKING:

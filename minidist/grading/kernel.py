@@ -11,9 +11,10 @@ hook, a printed verdict) reaches it.
 
 from __future__ import annotations
 
-from .feedback import Mistake
-from .learner import Learner
-from .registry import GradedTest, stored_tests
+from .engine.feedback import Mistake
+from .engine.learner import Learner
+from .engine.spec import GradedTest
+from .registry import stored_tests
 
 TEST_TIME_LIMIT = 120.0  # seconds one test may take in all, in a notebook or the grader
 

@@ -3,9 +3,10 @@
 The grader reads the notebook file and takes its code cells, minus the test cells (any cell
 whose grade_id names a stored test, or that nbgrader metadata marks as a test): editing,
 deleting or reordering test cells changes nothing. For each stored test it loads what the
-test needs from those cells into fresh child processes (``program.py``, ``learner.py``) and
-judges their plain results in this process, which never runs the learner's code: so a
-patched grading module, an IPython hook or a printed "passed" in the notebook earns nothing.
+test needs from those cells into fresh child processes (``engine/program.py``,
+``engine/learner.py``) and judges their plain results in this process, which never runs the
+learner's code: so a patched grading module, an IPython hook or a printed "passed" in the
+notebook earns nothing.
 
 Each test has a time limit of its own: a function that loops forever zeroes the tests that
 call it, and no other. With ``execute=True`` the notebook is also run top to bottom in a
@@ -20,10 +21,11 @@ from dataclasses import dataclass, field
 
 import nbformat
 
+from .engine.learner import Learner
+from .engine.program import Program
+from .engine.spec import GradedTest
 from .kernel import TEST_TIME_LIMIT, evaluate
-from .learner import Learner
-from .program import Program
-from .registry import GradedTest, exercise_of, stored_tests
+from .registry import exercise_of, stored_tests
 
 
 @dataclass

@@ -1,19 +1,43 @@
 """The authoritative tests of every graded notebook, by exercise and ``grade_id``.
 
-A graded notebook's test cells call these same tests, but the grader never runs a learner's
-test cell: it runs the test stored here for each ``grade_id``, so editing, deleting or
-reordering test cells in a notebook changes nothing.
+Each exercise is a package of ``minidist.grading.exercises`` that declares its tests as
+``EXERCISE`` (``engine.spec.Exercise``); the registry finds them by scanning that package,
+so adding an exercise is adding its folder. A graded notebook's test cells call these same
+tests, but the grader never runs a learner's test cell: it runs the test stored here for
+each ``grade_id``, so editing, deleting or reordering test cells in a notebook changes
+nothing.
 """
 
 from __future__ import annotations
 
 import importlib
 import pathlib
-from collections.abc import Callable
-from dataclasses import dataclass
+import pkgutil
 
-# exercise name (the notebook's file name without .ipynb) -> module holding its TESTS
-EXERCISES = {
+from . import exercises
+from .engine.spec import Exercise, GradedTest
+
+__all__ = ["EXERCISES", "GradedTest", "exercise_of", "stored_tests"]
+
+
+def discover() -> dict[str, Exercise]:
+    """Every exercise declared in ``minidist.grading.exercises``, by name, in name order
+    (the notebooks' order)."""
+    found: dict[str, Exercise] = {}
+    for info in pkgutil.iter_modules(exercises.__path__, exercises.__name__ + "."):
+        declared = getattr(importlib.import_module(info.name), "EXERCISE", None)
+        if not isinstance(declared, Exercise):
+            continue
+        if declared.name in found:
+            raise ValueError(f"two packages declare the exercise {declared.name!r}; the "
+                             f"second is {info.name}")
+        found[declared.name] = declared
+    for name, module in _NOT_MOVED_YET.items():
+        found.setdefault(name, Exercise(name, tuple(importlib.import_module(module).TESTS)))
+    return dict(sorted(found.items()))
+
+
+_NOT_MOVED_YET = {  # exercises still in the flat checks/ folder, until each has its own
     "00_getting_started": "minidist.grading.checks.getting_started",
     "01_collectives": "minidist.grading.checks.collectives",
     "02_data_parallel": "minidist.grading.checks.data_parallel",
@@ -28,29 +52,14 @@ EXERCISES = {
 }
 
 
-@dataclass(frozen=True)
-class GradedTest:
-    """One graded test. ``needs`` names the learner's functions it takes from the notebook,
-    in the order a test cell passes them (``check("test_x", x)``); by convention each name is
-    also the ``grade_id`` of the solution cell that defines it. ``check(learner)`` runs in
-    the grader's process and reaches those functions only through ``learner`` (child
-    processes: ``learner.py``); it raises ``Mistake`` or returns a note. ``rules`` say what
-    is out of reach while it runs (``sandbox.py``); ``part`` is "core" or "stretch"."""
-
-    grade_id: str
-    points: int
-    needs: tuple[str, ...]
-    check: Callable[..., str | None]
-    rules: tuple[str, ...] = ()
-    part: str = "core"
+EXERCISES = discover()  # exercise name (the notebook's file name without .ipynb) -> Exercise
 
 
 def stored_tests(exercise: str) -> dict[str, GradedTest]:
     """The tests of ``exercise``, by grade_id, in notebook order."""
     if exercise not in EXERCISES:
         raise KeyError(f"no graded exercise named {exercise!r}; known: {sorted(EXERCISES)}")
-    module = importlib.import_module(EXERCISES[exercise])
-    return {t.grade_id: t for t in module.TESTS}
+    return {t.grade_id: t for t in EXERCISES[exercise].tests}
 
 
 def exercise_of(path: str | pathlib.Path, metadata: dict | None = None) -> str | None:

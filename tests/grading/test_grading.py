@@ -11,8 +11,9 @@ import pytest
 from nbformat import v4
 
 from minidist.cli import main as cli_main
-from minidist.grading import build, feedback
-from minidist.grading.checks.harness import contributors, pattern
+from minidist.grading import build
+from minidist.grading.engine import compare, feedback
+from minidist.grading.engine.data import contributors, pattern
 from minidist.grading.notebook_grader import grade_notebook
 from minidist.grading.registry import exercise_of
 
@@ -87,14 +88,14 @@ def test_compare_names_rank_and_values():
     import torch
 
     got, want = torch.tensor([1.0, 2.0, 5.0]), torch.tensor([1.0, 2.0, 3.0])
-    assert feedback.compare(want.clone(), want, "rank 0") is None
-    msg = feedback.compare(got, want, "rank 2")
+    assert compare.compare(want.clone(), want, "rank 0") is None
+    msg = compare.compare(got, want, "rank 2")
     assert msg.startswith("rank 2: 1 of 3 values wrong: [2] = 5 (expected 3)")
-    assert "shape" in feedback.compare(got[:2], want, "rank 1")
-    assert feedback.compare([1, 2, 3], want, "rank 0") is None  # a list of the right values
-    assert feedback.compare((1.0, 2.0, 5.0), want, "rank 0").startswith("rank 0: 1 of 3")
-    assert "dtype" in feedback.compare(want.double(), want, "rank 0")
-    assert "returned None" in feedback.compare(None, want, "rank 0")
+    assert "shape" in compare.compare(got[:2], want, "rank 1")
+    assert compare.compare([1, 2, 3], want, "rank 0") is None  # a list of the right values
+    assert compare.compare((1.0, 2.0, 5.0), want, "rank 0").startswith("rank 0: 1 of 3")
+    assert "dtype" in compare.compare(want.double(), want, "rank 0")
+    assert "returned None" in compare.compare(None, want, "rank 0")
 
 
 def test_contributors_decode_which_ranks_were_summed():
@@ -179,7 +180,7 @@ def test_a_hang_costs_only_the_tests_that_call_it(tmp_path):
 
 
 def test_a_rank_stuck_in_a_loop_is_named(tmp_path, monkeypatch):
-    from minidist.grading import learner
+    from minidist.grading.engine import learner
 
     monkeypatch.setattr(learner, "COMM_TIMEOUT", 1.0)
     src = _solution_sources()

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import minidist as md
-from minidist.grading import learner
-from minidist.grading.feedback import Mistake
+from minidist.grading.engine import learner
+from minidist.grading.engine.feedback import Mistake
 from minidist.grading.kernel import checker
 from minidist.grading.registry import EXERCISES, stored_tests
 

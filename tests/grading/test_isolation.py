@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from minidist.grading import sandbox
-from minidist.grading.isolation import (
+from minidist.grading.engine import sandbox
+from minidist.grading.engine.isolation import (
     ChildTimeout,
     Opaque,
     RemoteError,
@@ -87,7 +87,26 @@ def test_forbidden_library_calls_raise_with_the_reason():
     assert "torch.distributed.all_reduce" in got[1]
     import minidist as md
 
-    assert md.all_reduce.__code__.co_name == "all_reduce"  # this process is untouched
+    assert sandbox.unwrapped(md.all_reduce).__code__.co_name == "all_reduce"  # untouched here
+
+
+def _refusal_of_a_library_function():
+    import minidist as md
+
+    sandbox.forbid([sandbox.COLLECTIVES])
+    try:
+        md.all_reduce(None, torch.ones(1))
+    except Exception as e:  # the type is what is judged
+        return {"type": type(e).__name__, "not_allowed": isinstance(e, sandbox.NotAllowed),
+                "text": str(e)}
+    return {"type": "none", "not_allowed": False, "text": "ran"}
+
+
+def test_a_refused_library_function_raises_not_allowed():
+    # its code is swapped for a refusal: that refusal is a NotAllowed too, as promised
+    got = run_in_child(_refusal_of_a_library_function)
+    assert got["not_allowed"], got
+    assert "minidist.collectives.api.all_reduce is not allowed in this exercise" in got["text"]
 
 
 def _data_parallel_rules_and_a_watched_all_reduce():

@@ -6,7 +6,7 @@ import traceback
 
 import pytest
 
-from minidist.grading.program import Program
+from minidist.grading.engine.program import Program
 
 CELLS = [
     (1, "import time\nimport numpy as np\nimport matplotlib.pyplot as plt\nimport torch\n"

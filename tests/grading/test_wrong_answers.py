@@ -10,7 +10,7 @@ import nbformat
 import pytest
 from wrong_answers import ROOT, all_wrong, notebook
 
-from minidist.grading import learner
+from minidist.grading.engine import learner
 from minidist.grading.notebook_grader import grade_notebook, program_of
 from minidist.grading.registry import stored_tests
 

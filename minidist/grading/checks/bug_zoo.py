@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from ..feedback import Mistake, values
-from ..registry import GradedTest
-from ..sandbox import AMP, COLLECTIVES, DATA_PARALLEL, ZERO
+from ..engine.feedback import Mistake, values
+from ..engine.sandbox import AMP, COLLECTIVES, DATA_PARALLEL, ZERO
+from ..engine.spec import GradedTest
 from . import bug_zoo_probe as probe
 from .bug_zoo_stretch import TESTS as STRETCH
 from .bug_zoo_stretch import close as _close

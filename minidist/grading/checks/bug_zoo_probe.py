@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from ...errors import CommTimeout
+from ..engine.data import pattern
 from .amp_probe import flag_value
-from .harness import pattern
 
 
 # -- bug 1: gradients summed, not averaged -----------------------------------------------------

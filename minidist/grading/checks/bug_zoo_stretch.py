@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from ..feedback import Mistake, values
-from ..registry import GradedTest
-from ..sandbox import AMP, PIPELINE
+from ..engine.feedback import Mistake, values
+from ..engine.sandbox import AMP, PIPELINE
+from ..engine.spec import GradedTest
 from . import bug_zoo_probe as probe
 from .mixed_precision import ranks_text
 

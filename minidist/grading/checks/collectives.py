@@ -10,10 +10,11 @@ from __future__ import annotations
 import torch
 
 from ...collectives import costs
-from ..feedback import Mistake, compare
-from ..registry import GradedTest
-from ..sandbox import COLLECTIVES
-from .harness import contributors, pattern, traffic_text
+from ..engine.compare import compare
+from ..engine.data import contributors, pattern
+from ..engine.feedback import Mistake, traffic_text
+from ..engine.sandbox import COLLECTIVES
+from ..engine.spec import GradedTest
 
 WORLD_SIZES = (1, 2, 3, 4, 5)
 CASES_1D = [(7, torch.float32), (1000, torch.float64), (2, torch.int64), (1, torch.float32),

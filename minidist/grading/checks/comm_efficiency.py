@@ -21,9 +21,9 @@ import math
 
 import torch
 
-from ..feedback import Mistake, values
-from ..registry import GradedTest
-from ..sandbox import COMM_EFFICIENCY
+from ..engine.feedback import Mistake, values
+from ..engine.sandbox import COMM_EFFICIENCY
+from ..engine.spec import GradedTest
 from .comm_feedback import (
     avg_hint,
     close,

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from ..feedback import values
+from ..engine.data import contributors
+from ..engine.feedback import values
 from .comm_probe import local_of, node_of, powersgd_reference, topk_reference
-from .harness import contributors
 
 
 def ranks_text(ranks: list[int]) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .harness import pattern
+from ..engine.data import pattern
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 

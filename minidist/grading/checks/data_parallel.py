@@ -13,9 +13,9 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from ...parallel.data.buckets import assign_buckets
-from ..feedback import Mistake
-from ..registry import GradedTest
-from ..sandbox import BUCKETS, SAMPLER
+from ..engine.feedback import Mistake
+from ..engine.sandbox import BUCKETS, SAMPLER
+from ..engine.spec import GradedTest
 from .ddp_stages import TESTS as STAGES
 
 # -- the sampler's shards ---------------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ...collectives import api
-from ..sandbox import observe
+from ..engine.sandbox import observe
 
 BATCH, STEPS = 12, 2  # samples per step (divisible by the world sizes); backward passes
 GATE_WAIT, PROGRESS_WAIT, LATE, SETTLE = 1.0, 2.0, 0.05, 5.0  # seconds

@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..feedback import Mistake
-from ..registry import GradedTest
-from ..sandbox import DATA_PARALLEL
+from ..engine.feedback import Mistake
+from ..engine.sandbox import DATA_PARALLEL
+from ..engine.spec import GradedTest
 from .ddp_probe import BATCH, NAMES, STEPS, batch, stage_case, stage_model
 
 WORLD_SIZES = (2, 3)

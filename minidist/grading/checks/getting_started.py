@@ -8,10 +8,11 @@ import time
 
 import torch
 
-from ..feedback import Mistake, compare
-from ..registry import GradedTest
-from ..sandbox import COLLECTIVES, FIT, PREDICT, SENDRECV
-from .harness import pattern, traffic_text
+from ..engine.compare import compare
+from ..engine.data import pattern
+from ..engine.feedback import Mistake, traffic_text
+from ..engine.sandbox import COLLECTIVES, FIT, PREDICT, SENDRECV
+from ..engine.spec import GradedTest
 
 RING_CASES = [(1, torch.float32), (5, torch.int64), (1000, torch.float64), (0, torch.float32),
               ((3, 4), torch.float32)]

@@ -17,10 +17,10 @@ import numbers
 
 import torch
 
-from ..feedback import Mistake
-from ..registry import GradedTest
-from ..sandbox import MESH
-from .harness import contributors
+from ..engine.data import contributors
+from ..engine.feedback import Mistake
+from ..engine.sandbox import MESH
+from ..engine.spec import GradedTest
 from .mesh_probe import (
     column_major_group,
     grads_of,

@@ -18,7 +18,7 @@ import torch
 
 from ...collectives import all_reduce
 from ...comm import Communicator
-from .harness import pattern
+from ..engine.data import pattern
 
 Shape = dict[str, int]
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from ..feedback import Mistake, values
-from ..registry import GradedTest
-from ..sandbox import AMP
+from ..engine.feedback import Mistake, values
+from ..engine.sandbox import AMP
+from ..engine.spec import GradedTest
 from .amp_feedback import schedule_mistake
 from .amp_probe import (
     MASTER_PLAN,

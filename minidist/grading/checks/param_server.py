@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from ..feedback import Mistake
-from ..registry import GradedTest
-from ..sandbox import COLLECTIVES, PARAM_SERVER, SENDRECV
+from ..engine.feedback import Mistake
+from ..engine.sandbox import COLLECTIVES, PARAM_SERVER, SENDRECV
+from ..engine.spec import GradedTest
 from .ps_probe import DELAY, LR, Probe, gradient, initial
 
 RULES = (PARAM_SERVER, COLLECTIVES, SENDRECV)

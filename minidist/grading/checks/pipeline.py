@@ -20,10 +20,10 @@ from __future__ import annotations
 import numbers
 from collections import Counter
 
-from ..feedback import Mistake, describe_remote
-from ..isolation import RemoteError, error_to_plain
-from ..registry import GradedTest
-from ..sandbox import PIPELINE
+from ..engine.feedback import Mistake, describe_remote
+from ..engine.isolation import RemoteError, error_to_plain
+from ..engine.sandbox import PIPELINE
+from ..engine.spec import GradedTest
 from .pipeline_probe import reference_1f1b
 from .pipeline_stages import TESTS as STAGES
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from ..feedback import Mistake, compare
-from ..registry import GradedTest
-from ..sandbox import PIPELINE
+from ..engine.compare import compare
+from ..engine.feedback import Mistake
+from ..engine.sandbox import PIPELINE
+from ..engine.spec import GradedTest
 from .pipeline_probe import batch, loss_fn, stage_case, stage_module
 
 WORLD_SIZES = (2, 3, 4)

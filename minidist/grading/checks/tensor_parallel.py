@@ -16,10 +16,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..feedback import Mistake, values
-from ..registry import GradedTest
-from ..sandbox import TENSOR_PARALLEL
-from .harness import contributors, pattern
+from ..engine.data import contributors, pattern
+from ..engine.feedback import Mistake, values
+from ..engine.sandbox import TENSOR_PARALLEL
+from ..engine.spec import GradedTest
 from .tp_feedback import close, collective_names, describe, grad_text
 from .tp_loss import check_vocab_parallel_cross_entropy
 from .tp_probe import (

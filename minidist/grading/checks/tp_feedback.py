@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..feedback import values
+from ..engine.feedback import values
 
 
 def close(a, b) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..feedback import Mistake, values
+from ..engine.feedback import Mistake, values
 from .tp_feedback import close, collective_names, describe, grad_text, number
 from .tp_probe import ce_case, ce_data
 

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from ...collectives import api
-from ..sandbox import observe
-from .harness import pattern
+from ..engine.data import pattern
+from ..engine.sandbox import observe
 
 H, HIDDEN, BATCH, SEQ = 8, 32, 2, 3  # the MLP: h -> 4h -> h on a (batch, seq, h) input
 POSITIONS, VOCAB = 12, 32  # the cross-entropy: 12 positions over 32 words

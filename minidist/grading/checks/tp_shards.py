@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ..feedback import Mistake, as_tensor, values
+from ..engine.compare import as_tensor
+from ..engine.feedback import Mistake, values
 from .tp_feedback import close, describe
 from .tp_probe import shard_of
 

@@ -15,7 +15,7 @@ import torch
 
 from ...collectives import api
 from ...errors import CommTimeout
-from ..sandbox import observe
+from ..engine.sandbox import observe
 
 STEPS = 3  # optimizer steps per case: momentum and Adam's moments must carry over
 OPTIMIZERS = {  # name -> (description, factory over a list of tensors)

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from ..feedback import Mistake, compare
-from ..registry import GradedTest
-from ..sandbox import ZERO
+from ..engine.compare import compare
+from ..engine.feedback import Mistake
+from ..engine.sandbox import ZERO
+from ..engine.spec import GradedTest
 from .zero_probe import (
     BUCKET_PASSES,
     OPTIMIZERS,

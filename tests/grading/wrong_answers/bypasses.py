@@ -16,8 +16,8 @@ def passed(test, *args, **kwargs):
 for module, name, value in (
         ("minidist.grading.kernel", "evaluate", passed),
         ("minidist.grading.notebook_grader", "evaluate", passed),
-        ("minidist.grading.feedback", "compare", lambda *args, **kwargs: None),
-        ("minidist.grading.learner", "run_in_child", lambda *args, **kwargs: [])):
+        ("minidist.grading.engine.compare", "compare", lambda *args, **kwargs: None),
+        ("minidist.grading.engine.learner", "run_in_child", lambda *args, **kwargs: [])):
     try:
         setattr(importlib.import_module(module), name, value)
     except ImportError:
@@ -57,7 +57,7 @@ print("Total: 7 / 7 points")
 PATCH_FROM_INSIDE = {"ring_shift": """\
 def ring_shift(comm, t):
     import minidist.grading.checks.getting_started as gs
-    import minidist.grading.feedback as fb
+    import minidist.grading.engine.compare as fb
     fb.compare = lambda *args, **kwargs: None
     gs._check_shifted = gs._check_one_message = lambda *args, **kwargs: None
     return t

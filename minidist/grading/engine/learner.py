@@ -1,6 +1,6 @@
 """The learner's functions, as a stored test reaches them: only in child processes.
 
-A check (``checks/*.py``) runs in the grader's process and never calls the learner's code
+A check (``exercises/*/checks.py``) runs in the grader's process and never calls the learner's code
 itself. It asks a :class:`Learner` to ``call`` a grader function on the learner's namespace
 in a child process, or to ``run_ranks``: ``md.launch`` ranks from a child, each running the
 learner's function case after case on a hardened communicator (``sandbox.guard``). What comes
@@ -19,9 +19,9 @@ import os
 import time
 from multiprocessing.sharedctypes import RawArray
 
-from ..launch import launch
-from .checks.harness import rank_entry
-from .feedback import Mistake, deadlock_text, describe_remote, stuck_text
+from ...launch import launch
+from .feedback import Mistake, describe_remote, with_case
+from .harness import deadlock_text, rank_entry, stuck_text
 from .isolation import ChildTimeout, RemoteError, error_to_plain, run_in_child, to_plain
 from .sandbox import COLLECTIVES, SENDRECV, forbid, seal_grading
 
@@ -56,7 +56,7 @@ class Learner:
         try:
             return self._run(_call_child, (self, body, args))
         except ChildTimeout:
-            raise Mistake(_with(case, f"{name} did not return within {self.limit:g} s: "
+            raise Mistake(with_case(case, f"{name} did not return within {self.limit:g} s: "
                                       "is there an infinite loop?")) from None
         except RemoteError as e:
             raise Mistake(describe_remote(e, name, case)) from None
@@ -65,7 +65,7 @@ class Learner:
         """The learner's ``name`` called with each argument tuple, in one child; the
         results. The first call that raises becomes a ``Mistake`` naming its case."""
         labels = labels or [""] * len(calls)
-        out = self.call(_each, name, calls, name=name)
+        out = self.call(each_call, name, calls, name=name)
         for (kind, value), label in zip(out, labels):
             if kind == "error":
                 raise Mistake(describe_remote(RemoteError(**value), name, label))
@@ -94,6 +94,24 @@ class Learner:
                 _check_channel(result["traffic"], rank, label, self.rules)
         return [out["results"] for out in ranks]
 
+    def each_world(self, case_fn, name: str, worlds: dict, label, rewrite=None):
+        """``run_ranks`` for each world size of ``worlds`` (world size -> its cases), then
+        case by case ``(world_size, case, label, results)``, ``results[rank]`` that rank's
+        ``{"value", "traffic"}``: a world's cases are judged before the next world runs.
+        ``label(world_size, *case)`` words a case for feedback; ``rewrite(text, world_size,
+        cases, labels)``, if given, rewords a ``Mistake`` the run itself raised."""
+        for p, cases in worlds.items():
+            cases = [tuple(c) for c in cases]
+            labels = [label(p, *c) for c in cases]
+            try:
+                ranks = self.run_ranks(case_fn, p, cases, name, labels)
+            except Mistake as e:
+                if rewrite is None:
+                    raise
+                raise Mistake(rewrite(str(e), p, cases, labels)) from None
+            for k, (case, text) in enumerate(zip(cases, labels)):
+                yield p, case, text, [ranks[r][k] for r in range(p)]
+
     def _run(self, fn, args):
         left = self._deadline - time.monotonic()
         if left <= 0:
@@ -117,15 +135,13 @@ class Learner:
         return namespace
 
 
-def _with(case: str, text: str) -> str:
-    return f"with {case}: {text}" if case else text
-
-
 def _call_child(learner: Learner, body, args):
     return to_plain(body(learner.namespace(), *args))
 
 
-def _each(namespace, name, calls) -> list:
+def each_call(namespace, name, calls) -> list:
+    """In the child: the learner's ``name`` called with each argument tuple, each result as
+    ("ok", value) or ("error", the exception as plain data), up to the first error."""
     fn, out = namespace[name], []
     for args in calls:
         try:
