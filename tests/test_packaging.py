@@ -51,12 +51,16 @@ def test_python_m_minidist_is_the_command():
 
 def test_no_two_modules_share_a_file_name():
     """Two files called runner.py doing different jobs make a reader guess; names say what a
-    file holds (``__init__.py`` aside). A benchmark (``bench/ddp.py``) and a notebook's
-    stored tests (``grading/checks/collectives.py``) are named after their subject."""
-    named_after_subject = {ROOT / "minidist" / "bench", ROOT / "minidist" / "grading" / "checks"}
+    file holds (``__init__.py`` aside). A benchmark (``bench/ddp.py``) is named after its
+    subject; an exercise's grading files (``grading/exercises/ex01_collectives/checks.py``)
+    after the part they play in every exercise's folder."""
+    named_after_subject = {ROOT / "minidist" / "bench",
+                           ROOT / "minidist" / "grading" / "checks"}
+    exercises = ROOT / "minidist" / "grading" / "exercises"
     seen: dict[str, list[str]] = {}
     for p in (ROOT / "minidist").rglob("*.py"):
-        if p.name != "__init__.py" and p.parent not in named_after_subject:
+        if p.name != "__init__.py" and p.parent not in named_after_subject and \
+                p.parent.parent != exercises:
             seen.setdefault(p.name, []).append(str(p.relative_to(ROOT)))
     twice = {k: v for k, v in seen.items() if len(v) > 1}
     assert not twice, twice

@@ -1,4 +1,5 @@
-"""Test data every exercise shares: rank-specific values whose sums say who contributed."""
+"""Test data every exercise shares: rank-specific values whose sums say who contributed, and
+how a learner's returned flag is read."""
 
 from __future__ import annotations
 
@@ -29,3 +30,12 @@ def contributors(value: float, index: int, world_size: int) -> list[int] | None:
     ranks = [r for r in range(world_size) if (v % 2 ** world_size) >> r & 1]
     expected = sum(2 ** r for r in ranks) + len(ranks) * 2 ** world_size * index
     return ranks if expected == v else None
+
+
+def flag_value(got):
+    """A returned flag as a bool (a bool, a number or a one-element tensor); else its repr."""
+    if isinstance(got, bool):
+        return got
+    if isinstance(got, (int, float)) or (isinstance(got, torch.Tensor) and got.numel() == 1):
+        return bool(got)
+    return {"returned": repr(got)[:120]}

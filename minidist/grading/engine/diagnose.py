@@ -17,18 +17,18 @@ from .compare import FLOAT64, Tolerance, close
 Hint = str | Callable[[], str]  # a callable hint is worded only once its row matches
 
 
-def _call(variant):
-    return variant()
+def _replayed(variant):
+    return variant() if callable(variant) else variant
 
 
 def diagnose(known_mistakes: Iterable[tuple[Any, Hint]], got,
-             replay: Callable[[Any], Any] = _call, *, tol: Tolerance = FLOAT64,
+             replay: Callable[[Any], Any] = _replayed, *, tol: Tolerance = FLOAT64,
              same: Callable[[Any, Any], bool] | None = None) -> str | None:
     """The hint of the first known mistake whose ``replay(variant)`` gives ``got``; None if
-    none does. ``replay`` defaults to calling the variant (a row's variant is then a
-    function of no arguments); a replay that returns None says the mistake cannot show in
-    this case and skips its row. ``got`` matches when ``same(got, replayed)``, by default
-    when it is ``close`` within ``tol``."""
+    none does. By default a row's variant is what the mistake gives, or a function of no
+    arguments that computes it (only when the rows before it did not match); a replay that
+    gives None says the mistake cannot show in this case and skips its row. ``got`` matches
+    when ``same(got, replayed)``, by default when it is ``close`` within ``tol``."""
     matches = same or (lambda a, b: close(a, b, tol))
     for variant, hint in known_mistakes:
         replayed = replay(variant)

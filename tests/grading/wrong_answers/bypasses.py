@@ -22,7 +22,8 @@ for module, name, value in (
         setattr(importlib.import_module(module), name, value)
     except ImportError:
         pass
-for test in importlib.import_module("minidist.grading.checks.getting_started").TESTS:
+ex00 = importlib.import_module("minidist.grading.exercises.ex00_getting_started")
+for test in ex00.EXERCISE.tests:
     object.__setattr__(test, "check", lambda *args: "all checks passed")
 """
 
@@ -56,7 +57,7 @@ print("Total: 7 / 7 points")
 
 PATCH_FROM_INSIDE = {"ring_shift": """\
 def ring_shift(comm, t):
-    import minidist.grading.checks.getting_started as gs
+    import minidist.grading.exercises.ex00_getting_started.checks as gs
     import minidist.grading.engine.compare as fb
     fb.compare = lambda *args, **kwargs: None
     gs._check_shifted = gs._check_one_message = lambda *args, **kwargs: None

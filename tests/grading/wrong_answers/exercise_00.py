@@ -148,8 +148,8 @@ WRONG = [
           {"test_fit_alpha_beta": "did not return within 6 s: is there an infinite loop?"},
           timeout=6.0),
     Wrong("fit_reads_the_answer_key", EX, fit("""\
-    from minidist.grading.checks.getting_started import FIT_CASES, _noisy_sweep
-    alpha, beta, noisy, _ = _noisy_sweep()
+    from minidist.grading.exercises.ex00_getting_started.ranks import FIT_CASES, noisy_sweep
+    alpha, beta, noisy, _ = noisy_sweep()
     answers = [(a, b, list(s)) for a, b, s in FIT_CASES] + [(alpha, beta, list(noisy))]
     return next((a, b) for a, b, s in answers if s == list(sizes))
 """), {"test_fit_alpha_beta": "minidist.grading is not available to the code under test"}),

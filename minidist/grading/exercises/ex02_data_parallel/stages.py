@@ -1,12 +1,12 @@
-"""Tests of exercise 02's stages of data parallelism's mechanism: a hook per parameter that
-all-reduces (``register_allreduce_hooks``), buckets reduced in order as soon as they are
-ready (``register_bucket_hooks``), and the same buckets reduced on a thread while backward
-goes on (``register_overlapped_hooks``, the stretch part).
+"""Exercise 02's stage tests: a hook per parameter that all-reduces
+(``register_allreduce_hooks``), buckets reduced in order as soon as they are ready
+(``register_bucket_hooks``), and the same buckets reduced on a thread while backward goes on
+(``register_overlapped_hooks``, the stretch part).
 
 The reference is one process: after every backward, each rank's gradients must be those of
 the whole batch. The all-reduces are judged too: every call of ``md.all_reduce`` (under
 any name: ``sandbox.observe``) is recorded with its size, its thread and how many gradients
-backward had produced when it started (``ddp_probe.Recorder``), so a version that waits for
+backward had produced when it started (``ranks.Recorder``), so a version that waits for
 the end of backward, reduces in another order or blocks backward is named as such. The
 machinery being built (minidist's DDP, naive wrapper, bucket scheduler, communication
 thread, ``all_reduce_coalesced``; torch's DDP) is out of reach (``sandbox.DATA_PARALLEL``).
@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..engine.feedback import Mistake
-from ..engine.sandbox import DATA_PARALLEL
-from ..engine.spec import GradedTest
-from .ddp_probe import BATCH, NAMES, STEPS, batch, stage_case, stage_model
+from ...engine.compare import close
+from ...engine.feedback import Mistake
+from .mistakes import early_hint, grad_hint, order_hint
+from .ranks import BATCH, NAMES, STEPS, batch, stage_case, stage_model
 
 WORLD_SIZES = (2, 3)
 REVERSE, FORWARD, ONE = [[7, 6], [5, 4, 3], [2, 1, 0]], [[0, 1, 2], [3, 4], [5, 6, 7]], \
@@ -39,7 +39,7 @@ def _full_grads(frozen: bool, step: int, lo: int = 0, hi: int = BATCH) -> dict:
     return {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
 
 
-def _label(p: int, buckets) -> str:
+def _label(p: int, stage: str, buckets, slow: bool) -> str:
     return f"world_size={p}" + ("" if buckets is None else f", buckets={buckets}")
 
 
@@ -48,20 +48,17 @@ def _run_stage(learner, stage: str) -> None:
     numels = [p.numel() for p in stage_model(frozen).parameters()]
     trainable = [i for i, p in enumerate(stage_model(frozen).parameters()) if p.requires_grad]
     full = [_full_grads(frozen, s) for s in range(STEPS)]
-    for p in WORLD_SIZES:
-        cases = [(stage, b, slow) for b, slow in CASES[stage]]
-        labels = [_label(p, b) for b, _ in CASES[stage]]
-        ranks = learner.run_ranks(stage_case, p, cases, NAMES[stage], labels)
-        for k, ((_, buckets, slow), label) in enumerate(zip(cases, labels)):
-            for rank in range(p):
-                shard = (rank * BATCH // p, (rank + 1) * BATCH // p)
-                for step, got in enumerate(_steps(ranks[rank][k]["value"], full[0])):
-                    where = f"with {label}: rank {rank}, backward pass {step + 1}"
-                    local = _full_grads(frozen, step, *shard)
-                    late = got.get("finished", 0) < len(got["calls"])
-                    _check_grads(got["grads"], full[step], local, where, p, (stage, step, late))
-                    _check_calls(got["calls"], stage, buckets, slow, numels, trainable,
-                                 where)
+    worlds = {p: [(stage, b, slow) for b, slow in CASES[stage]] for p in WORLD_SIZES}
+    for p, (_, buckets, slow), label, results in learner.each_world(
+            stage_case, NAMES[stage], worlds, _label):
+        for rank, result in enumerate(results):
+            shard = (rank * BATCH // p, (rank + 1) * BATCH // p)
+            for step, got in enumerate(_steps(result["value"], full[0])):
+                where = f"with {label}: rank {rank}, backward pass {step + 1}"
+                local = _full_grads(frozen, step, *shard)
+                late = got.get("finished", 0) < len(got["calls"])
+                _check_grads(got["grads"], full[step], local, where, p, (stage, step, late))
+                _check_calls(got["calls"], stage, buckets, slow, numels, trainable, where)
 
 
 def _steps(value, full) -> list[dict]:
@@ -87,29 +84,8 @@ def _check_grads(got: dict, full: dict, local: dict, where: str, p: int, when) -
         if not isinstance(g, torch.Tensor) or g.shape != want.shape:
             raise Mistake(f"{at}: .grad is {g!r:.80} after backward, expected a tensor of "
                           f"shape {tuple(want.shape)}")
-        if not torch.allclose(g, want, rtol=1e-9, atol=1e-12):
-            raise Mistake(f"{at}: {_grad_hint(g, want, local[name], p, *when)}")
-
-
-def _grad_hint(g, want, local, p, stage, step, late) -> str:
-    close = lambda a, b: torch.allclose(a, b, rtol=1e-9, atol=1e-12)  # noqa: E731
-    if close(g, want * p):
-        return f"it is {p} times too large: you summed the gradients; divide by world_size"
-    if close(g, local) and late:
-        return ("when backward() returned, it was still this rank's own gradient: the thread "
-                "had not reduced its bucket yet. Wait for the thread at the end of backward "
-                "(a callback queued on the autograd engine), so that backward() returns only "
-                "once every bucket is done")
-    if close(g, local) and step > 0:
-        return ("it is still this rank's own gradient: the first backward pass was averaged, "
-                "this one was not. Whatever the hooks remember during a pass (which "
-                "gradients are ready, which bucket is next) must start afresh for the next")
-    if close(g, local):
-        return ("it is still this rank's own gradient: it was never all-reduced, or the "
-                "all-reduced values were not copied back into .grad")
-    err = (g - want).abs().max().item()
-    return (f"it differs from the full-batch gradient by up to {err:.3g} (was it copied back "
-            "from the wrong part of the bucket, or reduced twice?)")
+        if not close(g, want):
+            raise Mistake(f"{at}: {grad_hint(g, want, local[name], p, *when)}")
 
 
 def _check_calls(calls, stage, buckets, slow, numels, trainable, where) -> None:
@@ -123,34 +99,12 @@ def _check_calls(calls, stage, buckets, slow, numels, trainable, where) -> None:
     else:
         want = [sum(numels[i] for i in b) for b in buckets]
         if sizes != want:
-            raise Mistake(f"{where}: {_order_hint(sizes, want, numels)}")
+            raise Mistake(f"{where}: {order_hint(sizes, want, numels)}")
     if calls and calls[0]["ready"] >= len(trainable) and (stage == "hooks" or buckets == REVERSE):
         raise Mistake(f"{where}: the first all-reduce started only once backward had computed "
-                      "every gradient; " + _early_hint(stage))
+                      "every gradient; " + early_hint(stage))
     if stage == "overlap":
         _check_thread(calls, slow, where)
-
-
-def _order_hint(sizes, want, numels) -> str:
-    head = (f"md.all_reduce ran on tensors of {sizes} elements, expected one per bucket, of "
-            f"{want} elements, in bucket order")
-    if sorted(sizes) == sorted(want):
-        return (head + ": the right buckets in the wrong order. Reduce bucket 0 first, then 1, "
-                "...: a bucket that is ready before the one ahead of it waits, so that every "
-                "rank issues the same all-reduces in the same order whatever order its "
-                "gradients arrive in")
-    if sorted(sizes) == sorted(numels):
-        return (head + ": one all-reduce per parameter. Flatten a bucket's gradients into one "
-                "tensor, all-reduce it once, and copy the parts back into each .grad")
-    return head
-
-
-def _early_hint(stage: str) -> str:
-    if stage == "hooks":
-        return ("all-reduce each gradient in its own hook, as soon as it has been accumulated, "
-                "while backward goes on to the earlier layers")
-    return ("start each bucket's all-reduce as soon as its last gradient is ready, while "
-            "backward still computes the earlier layers")
 
 
 def _check_thread(calls, slow, where) -> None:
@@ -184,13 +138,3 @@ def check_overlapped_hooks(learner) -> str:
     _run_stage(learner, "overlap")
     return ("the full-batch gradient when backward returns, the buckets reduced in order on "
             "one worker thread while backward went on, world sizes 2 and 3")
-
-
-TESTS = [
-    GradedTest("test_register_allreduce_hooks", 3, (NAMES["hooks"],), check_allreduce_hooks,
-               (DATA_PARALLEL,)),
-    GradedTest("test_register_bucket_hooks", 4, (NAMES["buckets"],), check_bucket_hooks,
-               (DATA_PARALLEL,)),
-    GradedTest("test_register_overlapped_hooks", 3, (NAMES["overlap"],),
-               check_overlapped_hooks, (DATA_PARALLEL,), part="stretch"),
-]

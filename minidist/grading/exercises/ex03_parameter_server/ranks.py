@@ -1,5 +1,6 @@
-"""Exercise 03's :class:`Probe`: it watches every message the learner's server sends and
-receives, as it happens (the ranks' case functions are in ``param_server.py``).
+"""What runs on each rank in exercise 03's tests: the learner's server on rank 0, watched by
+the :class:`Probe`, which sees every message it sends and receives as it happens; the
+grader's workers on ranks 1..W.
 
 Rank 0 runs the learner's server code; ranks 1..W are the grader's workers. Worker ``w``
 pushes the gradient ``gradient(w, k)`` at its step ``k`` (fixed random numbers, known to the
@@ -17,12 +18,16 @@ never come (every worker waits for a reply) or while a worker the rule admits is
 
 from __future__ import annotations
 
+import time
+
 import torch
 
-from ...comm.communicator import ANY_SOURCE
+from ....comm.communicator import ANY_SOURCE
+from ...engine.compare import Tolerance, close
+from .mistakes import ssp_mistakes, sync_hint, times
 
 DIM, LR, DELAY = 8, 0.5, 0.03  # parameters; learning rate; the straggler's sleep (s)
-TOLERANCE = 1e-12
+TOLERANCE = Tolerance(1e-12, 1e-12)  # float64 sums of multiples of 1/64: to rounding
 
 
 class ProtocolError(RuntimeError):
@@ -37,6 +42,51 @@ def gradient(worker: int, step: int) -> torch.Tensor:
 
 def initial() -> torch.Tensor:
     return torch.linspace(-1, 1, DIM, dtype=torch.float64)
+
+
+def admits(clock: int, clocks, staleness: int) -> bool:
+    """The SSP rule (Ho et al., NIPS 2013): a worker at clock c may go if c - min <= s."""
+    return clock - min(clocks) <= staleness
+
+
+# -- what runs on each rank: the learner's server on rank 0 (watched), the grader's workers ----
+def worker_loop(comm, steps: int) -> list[torch.Tensor]:
+    """A grader's worker: push, wait for the parameters, ``steps`` times."""
+    params, got = initial(), []
+    for k in range(steps):
+        if comm.rank == 1 and comm.world_size > 2:
+            time.sleep(DELAY)  # the straggler
+        comm.send(gradient(comm.rank, k), 0)
+        comm.recv(params, 0)
+        got.append(params.clone())
+    return got
+
+
+def sync_case(comm, namespace, steps: int):
+    """Rank 0: ``sync_step`` ``steps`` times; the others: the grader's workers."""
+    if comm.rank > 0:
+        return worker_loop(comm, steps)
+    params, probe = initial(), Probe(comm, steps, LR)
+    try:
+        for _ in range(steps):
+            namespace["sync_step"](comm, params, LR)
+            probe.after_sync_step(params)
+    finally:
+        probe.close()
+    return params
+
+
+def ssp_case(comm, namespace, staleness: int, steps: int):
+    """Rank 0: ``ssp_serve`` with the reference rule; the others: the grader's workers."""
+    if comm.rank > 0:
+        return worker_loop(comm, steps)
+    probe = Probe(comm, steps, LR, staleness)
+    try:
+        namespace["ssp_serve"](comm, initial(), LR, staleness, steps, admits)
+        probe.after_serve()
+    finally:
+        probe.close()
+    return {"lead": probe.lead}
 
 
 class Watched:
@@ -174,7 +224,13 @@ class Probe:
         want = self.step_start - self.lr * grads.mean(0)
         if not _close(tensor, want):
             raise ProtocolError(f"in step {self.step + 1} the parameters sent to worker {w} "
-                                f"are wrong: {sync_hint(tensor, self.step_start, grads, self.lr)}")
+                                f"are wrong: {self._sync_hint(tensor, grads)}")
+
+    def _sync_hint(self, tensor, grads) -> str:
+        got = as_double(tensor)
+        if got is None:
+            return f"a tensor of {DIM} float64 values was expected"
+        return sync_hint(got, self.step_start, grads, self.lr, TOLERANCE)
 
     def _check_ssp_reply(self, w: int, tensor) -> None:
         lead = self._lead(w)
@@ -182,7 +238,7 @@ class Probe:
             raise ProtocolError(
                 f"worker {w} was let go to start its step {self.pushes[w] + 1} (clock "
                 f"{self.pushes[w]}) while the slowest worker had pushed only "
-                f"{_times(self._slowest())} (clock {self._slowest()}): {_steps(lead)} ahead, "
+                f"{times(self._slowest())} (clock {self._slowest()}): {_steps(lead)} ahead, "
                 f"more than s = {self.staleness}. A worker at clock c may go only if "
                 "c - min(clocks) <= s; hold its reply until the slowest catches up")
         self.lead = max(self.lead, lead)
@@ -191,23 +247,15 @@ class Probe:
                                 f"{self._ssp_hint(tensor)}")
 
     def _ssp_hint(self, tensor) -> str:
-        got = _as_double(tensor)
+        got = as_double(tensor)
         if got is None:
             return f"a tensor of {DIM} float64 values was expected"
-        applied = self._applied()
-        for w, k in applied:
-            if _close(got, self.expected + self.lr * gradient(w, k)):
-                return (f"they miss the gradient worker {w} pushed at step {k + 1}: apply "
-                        "each push (params -= lr * grad) as soon as it arrives, before "
-                        "replying")
-        total = initial() - self.expected
-        for n in {len(self.workers), len(self.workers) + 1}:
-            if _close(got, initial() - total / n):
-                return (f"each push was divided by {n}: in asynchronous training there is "
-                        "no step to average over; apply each push alone, "
-                        "params -= lr * grad")
-        return (f"they differ by up to {(got - self.expected).abs().max().item():.3g} from "
-                "the initial parameters minus lr times every gradient received so far")
+        pushes = (self._applied(), len(self.workers),
+                  lambda w, k: self.expected + self.lr * gradient(w, k))
+        hint = ssp_mistakes(got, initial(), self.expected, pushes, TOLERANCE)
+        return hint or (f"they differ by up to {(got - self.expected).abs().max().item():.3g} "
+                        "from the initial parameters minus lr times every gradient received "
+                        "so far")
 
     def _applied(self) -> list[tuple[int, int]]:
         return [(w, k) for w in self.workers for k in range(self.pushes[w])]
@@ -248,47 +296,16 @@ class Probe:
                                     f"its reply to the push of step {self.pushes[w]}")
 
 
-def sync_hint(got, start, grads, lr) -> str:
-    """What the parameters sent back are, in terms of this step's gradients."""
-    got, n = _as_double(got), grads.shape[0]
-    if got is None:
-        return f"a tensor of {DIM} float64 values was expected"
-    if _close(got, start):
-        return "they are the parameters before the update: update first, then reply"
-    weights = torch.linalg.lstsq(grads.T, (start - got) / lr).solution
-    if not _close(start - lr * (grads.T @ weights), got):
-        err = (got - (start - lr * grads.mean(0))).abs().max().item()
-        return (f"they differ from params - lr * (the average of the {n} gradients) by up to "
-                f"{err:.3g}, and are not params - lr * (any mix of this step's gradients)")
-    if torch.allclose(weights, torch.full((n,), 1.0 / (n + 1), dtype=weights.dtype)):
-        return (f"the gradients were averaged over world_size = {n + 1}, but only the {n} "
-                "workers (ranks 1 and up) push one; rank 0 is the server: divide by "
-                "world_size - 1")
-    if n > 1 and torch.allclose(weights, torch.ones(n, dtype=weights.dtype)):
-        return (f"they hold the sum of the {n} gradients, {n} times the average: divide by "
-                "the number of workers")
-    counts = ", ".join(f"worker {w + 1}'s gradient {_times(round(c * n, 3))}" for w, c in
-                       enumerate(weights.tolist()))
-    return (f"over the {n} workers, the update counts {counts}; expected each worker's "
-            "gradient once (did one receive buffer overwrite another, or a gradient come in "
-            "twice?)")
-
-
-def _times(n) -> str:
-    n = int(n) if float(n).is_integer() else n
-    return "once" if n == 1 else f"{n:g} times"
-
-
 def _steps(n: int) -> str:
     return f"{n} step" if n == 1 else f"{n} steps"
 
 
-def _as_double(t) -> torch.Tensor | None:
+def as_double(t) -> torch.Tensor | None:
+    """A reply of DIM values as a flat float64 tensor (its shape is not judged); else None."""
     if not isinstance(t, torch.Tensor) or t.numel() != DIM:
         return None
     return t.detach().reshape(-1).double()
 
 
 def _close(t, want) -> bool:
-    got = _as_double(t)
-    return got is not None and torch.allclose(got, want, rtol=TOLERANCE, atol=TOLERANCE)
+    return close(as_double(t), want, TOLERANCE)

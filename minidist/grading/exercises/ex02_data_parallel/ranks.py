@@ -1,5 +1,6 @@
-"""What runs on each rank in exercise 02's stage tests (``ddp_stages.py``): the model, the
-data, and a :class:`Recorder` of every ``md.all_reduce`` call the learner's hooks make.
+"""What runs on each rank in exercise 02's stage tests (``stages.py``): the model, the data,
+and a :class:`Recorder` of every ``md.all_reduce`` call the learner's hooks make; and the
+sampler test's reference, torch's own ``DistributedSampler``.
 
 The recorder makes the timing questions deterministic instead of racing the clock:
 
@@ -20,14 +21,23 @@ import time
 
 import torch
 from torch import nn
+from torch.utils.data import DistributedSampler
 
-from ...collectives import api
-from ..engine.sandbox import observe
+from ....collectives import api
+from ...engine.sandbox import observe
 
 BATCH, STEPS = 12, 2  # samples per step (divisible by the world sizes); backward passes
 GATE_WAIT, PROGRESS_WAIT, LATE, SETTLE = 1.0, 2.0, 0.05, 5.0  # seconds
 NAMES = {"hooks": "register_allreduce_hooks", "buckets": "register_bucket_hooks",
          "overlap": "register_overlapped_hooks"}
+
+
+def torch_sampler(n, rank, p, shuffle, seed, epoch):
+    """The reference shards: torch's own sampler, at ``epoch``."""
+    sampler = DistributedSampler(range(n), num_replicas=p, rank=rank, shuffle=shuffle,
+                                 seed=seed)
+    sampler.set_epoch(epoch)
+    return sampler
 
 
 class _WaitForFirstBucket(torch.autograd.Function):
