@@ -24,10 +24,11 @@ import datetime
 import numpy as np
 import torch
 
-from ..collectives import ALL_REDUCE_ALGORITHMS, all_reduce, costs
+from ..collectives import ALL_REDUCE_ALGORITHMS, all_reduce
 from ..collectives import shared_memory as shm_collectives
 from ..collectives.agreement import agree, describe
 from ..collectives.auto import choose
+from ..costmodel import collectives as costs
 from ..launch import launch
 from .timing import (
     add_common_arguments,
@@ -44,7 +45,7 @@ QUICK_SIZES = [4, 1024, 64 << 10, 1 << 20, 16 << 20]
 ALGORITHMS = [a for a in ALL_REDUCE_ALGORITHMS if a != "auto"] + ["shm", "auto"]
 ROUNDS = 3
 MODEL = ("fit: per world size and all_reduce path, alpha (seconds per message or barrier) and "
-         "beta (bytes/s) of the path's cost formula, t = minidist.collectives.costs.time(path, "
+         "beta (bytes/s) of the path's cost formula, t = minidist.costmodel.collectives.time(path, "
          "nbytes, p, alpha, beta); call_fits: the whole call, t = alpha + n / beta")
 
 

@@ -41,8 +41,9 @@ from functools import partial
 
 import torch
 
-from ..collectives import all_reduce, cluster_costs
+from ..collectives import all_reduce
 from ..collectives.topology import Topology, topology_of
+from ..costmodel import cluster as cluster_costs
 from ..launch import launch
 from ..transports.network import Link, Network
 from .timing import (

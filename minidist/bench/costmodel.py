@@ -74,10 +74,11 @@ def add_arguments(parser) -> None:
 
 def plan_for(layout: tuple[int, int, int], zero: int | None, batch: int) -> Plan:
     """The cost model's plan for what HybridGPT runs: micro-batches of one sequence when
-    pipelined, the replica's whole batch otherwise; fp32, no recomputation."""
+    pipelined, the replica's whole batch otherwise; fp32, no recomputation; every tp rank
+    sends its stage's whole activation (no scatter/gather)."""
     dp, pp, tp = layout
     m, b = (batch // dp, 1) if pp > 1 else (1, batch // dp)
-    return Plan(dp, pp, tp, m, b, zero or 0, "fp32")
+    return Plan(dp, pp, tp, m, b, zero or 0, "fp32", scatter_gather=False)
 
 
 def _rank(comm, layout, cfg: dict, zero: int | None, alone: bool = False) -> dict:

@@ -20,12 +20,14 @@ rank), steps/s, and per rank the bytes of parameters + gradients + optimizer sta
 activation bytes a pipeline stage kept for backward. 8 ranks share this machine's cores,
 so every time here is dominated by oversubscription; the memory columns are exact.
 
-Predicted (``parallel.hybrid_costs``): the same layouts for a large GPT (6.7B: 32 layers,
-hidden 4096) on a described cluster of 2 nodes x 4 H100 (NVLink 4 inside, InfiniBand NDR
-across, 400 TFLOP/s achieved), global batch 64: memory per GPU (plain and ZeRO-1), whether
-it fits in 80 GB, and the step split into compute, bubble and tp / pp / dp communication,
-with the dimensions whose groups cross nodes. The PTD-P rule shows in it: tp = 8 must cross
-the node boundary and pays for it; the fastest layout that fits is marked.
+Predicted (``md.costmodel.predict_layouts``: ``md.costmodel.predict`` of one plan per
+layout): the same layouts for a large GPT (6.7B: 32 layers, hidden 4096) on a described
+cluster of 2 nodes x 4 H100 (NVLink 4 inside, InfiniBand NDR across, 400 TFLOP/s achieved),
+global batch 64 in micro-batches of one sequence, 1F1B, bf16 mixed precision: memory per GPU
+(plain and ZeRO-1), whether it fits in 80 GB, and the step split into compute, bubble and
+tp / pp / dp communication, with the dimensions whose groups cross nodes. The PTD-P rule
+shows in it: tp = 8 must cross the node boundary and pays for it; the fastest layout that
+fits is marked.
 """
 
 from __future__ import annotations
@@ -36,17 +38,12 @@ from functools import partial
 
 import torch
 
+from ..costmodel import Cluster, GPTShape, fastest_fitting, predict_layouts
+from ..costmodel.cluster import crossing_dims
+from ..costmodel.planner import layouts
 from ..launch import launch
 from ..models import GPT, lm_loss, synthetic_tokens
 from ..parallel.hybrid import HybridGPT
-from ..parallel.hybrid_costs import (
-    Cluster,
-    LargeGPT,
-    crosses_nodes,
-    fastest_fitting,
-    layouts,
-    predict_all,
-)
 from ..parallel.mesh import DeviceMesh
 from ..parallel.zero.flat_shards import storage_bytes
 from ..transports.network import Link, Network
@@ -66,9 +63,11 @@ FULL = {"n_layer": 6, "n_head": 8, "n_embd": 128, "vocab": 256, "block": 64, "ba
         "steps": 5, "world": 8, "rounds": 3, "zero": True}
 QUICK = {"n_layer": 2, "n_head": 4, "n_embd": 16, "vocab": 32, "block": 8, "batch": 8,
          "steps": 2, "world": 4, "rounds": 1, "zero": False}
-LARGE = LargeGPT(layers=32, hidden=4096, heads=32, vocab=51200, seq=2048, name="GPT 6.7B")
+LARGE = GPTShape(layers=32, hidden=4096, heads=32, vocab=51200, seq=2048, name="GPT 6.7B")
+# 400 TFLOP/s achieved: given as the peak, at efficiency 1
 CLUSTER = Cluster(nodes=2, per_node=4, intra=Link.nvlink4(), inter=Link.infiniband_ndr(),
-                  flops=400e12, memory=80e9, name="2 nodes x 4 H100, NVLink 4 + IB NDR")
+                  peak_flops={"bf16": 400e12}, memory=80e9,
+                  name="2 nodes x 4 H100, NVLink 4 + IB NDR")
 LARGE_BATCH = 64
 
 
@@ -168,7 +167,8 @@ def measure(variant: str, layout, cfg: dict) -> dict:
 
 
 def _emulated_cluster(world: int) -> Network:
-    """Two nodes of world / 2 ranks: rank r on node r // (world / 2), as in hybrid_costs."""
+    """Two nodes of world / 2 ranks: rank r on node r // (world / 2), as the cost model's
+    ``Cluster`` numbers them."""
     return Network.cluster(2, world // 2, Link.nvlink4(), Link.ethernet_25g())
 
 
@@ -206,24 +206,26 @@ def run_measured(cfg: dict, rounds: int, network: bool = False) -> list[dict]:
 
 
 def _crossing(layout: tuple[int, int, int], per_node: int) -> str:
-    return ",".join(d for d in ("dp", "pp", "tp") if crosses_nodes(layout, d, per_node)) or "-"
+    return ",".join(crossing_dims(layout, per_node)) or "-"
 
 
 def run_predicted() -> list[dict]:
     """The cost model's rows for LARGE on CLUSTER, plain dp and ZeRO-1 memory side by side."""
-    plain = predict_all(LARGE, CLUSTER, LARGE_BATCH)
-    zero1 = predict_all(LARGE, CLUSTER, LARGE_BATCH, zero_stage=1)
-    best = fastest_fitting(plain)
-    for r, z in zip(plain, zero1):
+    plain = predict_layouts(LARGE, CLUSTER, LARGE_BATCH)
+    zero1 = predict_layouts(LARGE, CLUSTER, LARGE_BATCH, zero_stage=1)
+    best, rows = fastest_fitting(plain), []
+    for pred, z in zip(plain, zero1):
+        r = pred.row()
         r["layout"] = f"{r['dp']}x{r['pp']}x{r['tp']}"
-        r["zero1_memory_bytes"], r["zero1_fits"] = z["memory_bytes"], z["fits"]
+        r["zero1_memory_bytes"], r["zero1_fits"] = z.memory["total"], z.fits
         r["fits_text"] = "yes" if r["fits"] else "no"
-        r["best"] = "<- fastest that fits" if r is best else ""
+        r["best"] = "<- fastest that fits" if pred is best else ""
         r.update({k.replace("_s", "_ms"): r[k] * 1e3 for k in
                   ("compute_s", "bubble_s", "tp_s", "pp_s", "dp_s", "step_s")})
         r.update({k.replace("_bytes", "_gb"): r[k] / 1e9 for k in
                   ("memory_bytes", "zero1_memory_bytes")})
-    return plain
+        rows.append(r)
+    return rows
 
 
 MEASURED = [("layout", "dp x pp x tp", "s"), ("variant", "variant", "s"),
@@ -262,7 +264,7 @@ def main(args) -> dict:
     result = {"config": dict(cfg, parameters=n), "rows": measured, "predicted": predicted,
               "large_model": LARGE.__dict__ | {"params": LARGE.params},
               "cluster": {"name": CLUSTER.name, "nodes": CLUSTER.nodes,
-                          "per_node": CLUSTER.per_node, "flops": CLUSTER.flops,
+                          "per_node": CLUSTER.per_node, "flops": CLUSTER.flops("bf16"),
                           "memory": CLUSTER.memory}}
     return save_outputs(args, result, lambda path: plot(measured, predicted, path))
 

@@ -22,7 +22,7 @@ Three tables from one run:
 2. **The emulated network** (``md.Network.uniform``, ``transports/emulated.py``): the same
    minidist rows over a 10 Gb/s link per rank (30 µs), then over 1 Gb/s (50 µs), with the
    step time the cost model predicts (the measured compute time plus
-   ``ps_step_time(pipelined=True)`` or ``ring_step_time``, ``parallel/param_server/ps_costs.py``)
+   ``ps_step_time(pipelined=True)`` or ``ring_step_time``, ``costmodel/ps.py``, ``costmodel/dp.py``)
    and the bytes into each server per step, measured from the server's report against
    W*N/S. At 10 Gb/s a 4 MB model's wire time is a few ms, no more than what W+S processes
    sharing this machine's cores cost, so the figures mix both; at 1 Gb/s the wire dominates
@@ -44,11 +44,13 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from ..costmodel.dp import ring_step_time
+from ..costmodel.ps import ps_step_time
 from ..faults import slow_rank
 from ..launch import launch
 from ..models import mlp
 from ..parallel.data import DistributedDataParallel
-from ..parallel.param_server import ParameterServer, ps_step_time, ring_step_time, torch_rpc
+from ..parallel.param_server import ParameterServer, torch_rpc
 from ..transports.network import Link, Network
 from .timing import (
     add_common_arguments,

@@ -12,15 +12,15 @@ step (forward, vocabulary-parallel cross-entropy, backward, SGD), split over 1, 
   (``parallel.tensor.torch_reference``);
 * ``minidist, <link> (emulated)``: ``minidist`` on the emulated network, every pair of ranks
   joined by a fast intra-node link (NVLink 4) or a slow one (25 GbE), ring all-reduces, with
-  the communication time the alpha-beta formulas predict (``tp_costs.step_comm_time``)
+  the communication time the alpha-beta formulas predict (``costmodel.tp.step_comm_time``)
   beside the replayed one: why tensor parallelism stays inside a node.
 
 Reported per row, best of ``--rounds`` interleaved runs (all rounds in the JSON): ms and
 steps/s (median step of the slowest rank); the *communication share*: the time of the step's
-collectives (``tp_costs.step_collectives``: for Megatron's layout (4L+2) all-reduces of b*s*h
+collectives (``costmodel.tp.step_collectives``: for Megatron's layout (4L+2) all-reduces of b*s*h
 elements and 3 of b*s) replayed alone on the same backend, over the step time; bytes each
 rank sends per step, counted by ``comm.stats`` (minidist only: gloo's traffic is invisible
-to it) against ``parallel.tensor.tp_costs`` for the paths the all-reduces took; parameter bytes
+to it) against ``costmodel.tp`` for the paths the all-reduces took; parameter bytes
 per rank against the full model's, and the activation bytes autograd keeps for backward per
 rank (sequence parallelism's gain); speed over torch DTensor. Machines with fewer cores than
 ranks share them, which inflates every multi-rank time.
@@ -35,11 +35,11 @@ from functools import partial
 import torch
 
 from ..collectives import all_gather, all_reduce, auto, reduce_scatter
-from ..collectives import costs as collective_costs
+from ..costmodel import collectives as collective_costs
+from ..costmodel import tp as costs
 from ..launch import launch
 from ..models import GPT, GPTConfig, synthetic_tokens
 from ..parallel.tensor import parallelize_gpt
-from ..parallel.tensor import tp_costs as costs
 from ..parallel.tensor.torch_reference import torch_loss, torch_parallelize
 from ..transports.network import Link, Network
 from .timing import (
@@ -112,7 +112,7 @@ def _saved_bytes(model, step, x, y) -> int:
 
 def _replay(comm, variant: str, cfg: dict, calls: list[tuple[str, int]],
             algorithm: str) -> float:
-    """Seconds for the step's collectives (``tp_costs.step_collectives``) run alone."""
+    """Seconds for the step's collectives (``costmodel.tp.step_collectives``) run alone."""
     bufs = [(name, torch.zeros(n)) for name, n in calls]
     if variant == "torch DTensor":
         import torch.distributed as dist
@@ -242,9 +242,9 @@ def main(args) -> dict:
     print(format_table(rows, COLUMNS))
     print("\ncomm share: the step's collectives replayed alone on the same backend / step time;"
           "\nsent/step: comm.stats on rank 0 (gloo's bytes are invisible to minidist); formula:"
-          "\nparallel.tensor.tp_costs for the paths the all-reduces took (ring for torch);"
+          "\ncostmodel.tp for the paths the all-reduces took (ring for torch);"
           "\n(emulated) rows: this machine's compute, messages timed as the named link would,"
-          "\nring all-reduces; predicted: tp_costs.step_comm_time for that link (alpha-beta);"
+          "\nring all-reduces; predicted: costmodel.tp.step_comm_time for that link (alpha-beta);"
           "\nactivations/rank: bytes autograd saves for backward in one step (parameters not "
           "counted)")
     for r in rows:

@@ -14,13 +14,13 @@ sequences per rank (weak scaling), at 2 and 4 ranks, in one run:
   gathered on a communication thread while the current one computes;
 * with ``--emulated``, ``minidist stage k, 25 GbE (emulated)``: minidist on the emulated
   network (every pair of ranks on a 25 GbE link), where stage 3's 1.5x traffic shows;
-  beside it the alpha-beta prediction (``parallel.zero.zero_costs.zero_step_time``).
+  beside it the alpha-beta prediction (``costmodel.zero.zero_step_time``).
 
 Reported per row, best of ``--rounds`` interleaved runs (all rounds in the JSON): ms and
 steps/s (median step of the slowest rank); the model-state bytes rank 0 holds between steps
 (after ``step``, before ``zero_grad``), measured from the tensors held: parameters,
 gradients, optimizer state (torch's DTensors by their local shard; DDP's bucket buffers are
-not visible and not counted); ZeRO's prediction (``zero_costs.zero_rank_bytes``); bytes a
+not visible and not counted); ZeRO's prediction (``costmodel.zero.zero_rank_bytes``); bytes a
 rank sends per step (``comm.stats``; minidist only, gloo's traffic is invisible) against
 ``zero_step_bytes``; minidist's peak parameter bytes during the step (stage 3: shards,
 root and the gathered unit); speed and memory against the torch counterpart of the same stage. FSDP2
@@ -39,9 +39,10 @@ from functools import partial
 import torch
 from torch import nn
 
+from ..costmodel.zero import zero_rank_bytes, zero_step_bytes, zero_step_time
 from ..launch import launch
 from ..models import GPT, GPTConfig, synthetic_tokens
-from ..parallel.zero import ZeRO, zero_rank_bytes, zero_step_bytes, zero_step_time
+from ..parallel.zero import ZeRO
 from ..parallel.zero.flat_shards import storage_bytes
 from ..transports.network import Link, Network
 from .timing import (

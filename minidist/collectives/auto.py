@@ -11,7 +11,7 @@ Fast paths:
   ``collectives/shared_memory.py`` (``"shm"``) competes with the message-passing algorithms.
 
 The prediction: path a on p ranks and n bytes takes ``costs.time(a, n, p, alpha, beta)``,
-the formula of ``collectives/costs.py`` (for ring 2(p-1) alpha + 2 (p-1)/p n / beta; Thakur,
+the formula of ``costmodel/collectives.py`` (for ring 2(p-1) alpha + 2 (p-1)/p n / beta; Thakur,
 Rabenseifner and Gropp 2005) with alpha (seconds per message) and beta (bytes/s) fitted per
 path and world size by ``minidist bench collectives --json PATH`` (its ``"fit"`` section).
 The constants of the world size nearest to p (in log scale) are used, in p's own formula.
@@ -30,7 +30,8 @@ the local backend.
 
 On an emulated network (``comm.capability("network")``) the links' own figures replace the
 table: a uniform network or a one-node cluster gives every path its one link; a cluster of
-two or more nodes gives each hop the link it crosses (``cluster_costs.cluster_time``), and
+two or more nodes gives each hop the link it crosses (``costmodel/cluster.py``'s
+``cluster_time``), and
 the two-level paths ``hierarchical`` and ``topology_ring`` compete too. With 2 nodes of 4
 and an inter-node link 8 times slower, that picks a latency-bound path for small tensors
 and ``hierarchical`` for large ones (``tests/collectives/test_topology.py``).
@@ -46,7 +47,8 @@ import pathlib
 
 import torch
 
-from . import cluster_costs, costs
+from ..costmodel import cluster as cluster_costs
+from ..costmodel import collectives as costs
 from . import shared_memory as shm_collectives
 from .topology import topology_of
 

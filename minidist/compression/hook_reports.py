@@ -5,7 +5,7 @@ same two figures, for the lesson's "loss against bytes" plots:
 
 * bytes this rank sent in the last step, beside what DDP's uncompressed ring all_reduce
   would have sent for the same buckets: ``dense_bytes`` = 2 (p-1)/p x N x element size
-  (``collectives.costs.ring_bytes``, exact for any N and p);
+  (``costmodel.collectives.ring_bytes``, exact for any N and p);
 * the relative error of this rank's contribution, ||C(x) - x|| / ||x||, where x is what the
   rank wanted to send (its gradient plus the residual carried from earlier steps) and C(x)
   what its compressed message stands for. It is computed from local tensors, so measuring
@@ -23,7 +23,7 @@ import math
 import torch
 
 from ..collectives import all_reduce
-from ..collectives.costs import ring_bytes
+from ..costmodel.collectives import ring_bytes
 
 
 def dense_bytes(numel: int, element_size: int, world_size: int, rank: int = 0) -> int:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 
 from ..collectives import all_reduce
-from ..collectives.costs import ring_bytes
+from ..costmodel.collectives import ring_bytes
 from .hook_reports import StepLog, dense_bytes, squared_norm
 
 

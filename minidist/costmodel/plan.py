@@ -8,25 +8,21 @@ chunks per pipeline stage (1: 1F1B; more: the interleaved schedule), a ``precisi
 parameters, gradients and activations (bf16 and fp16 mean mixed precision with fp32 master
 weights in the optimizer), activation ``recompute`` ("none", "selective", "full";
 Korthikanti et al. 2022) and ``sequence_parallel`` (the same paper: LayerNorm and dropout
-split along the sequence over the tp ranks).
+split along the sequence over the tp ranks), and ``scatter_gather``: whether a pipeline
+stage sends each tp rank's 1/tp slice of an activation and all-gathers it on arrival
+(Megatron-LM's optimization, Narayanan et al. section 4.1; the default) or every tp rank the
+whole tensor (as ``parallel.hybrid.HybridGPT`` does; ``pp.py``).
 
 ``check(model, cluster)`` says what makes a plan impossible, naming the mistake.
 """
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 from .cluster import Cluster, check_precision
-from .formulas import ZERO_STAGES
-from .model import RECOMPUTE, GPTShape
-
-
-def _positive(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"Plan {what} must be a positive integer, got {value!r}")
-    return int(value)
+from .transformer import RECOMPUTE, GPTShape, positive_int
+from .zero import ZERO_STAGES
 
 
 @dataclass(frozen=True)
@@ -41,10 +37,11 @@ class Plan:
     recompute: str = "none"
     sequence_parallel: bool = False
     chunks: int = 1
+    scatter_gather: bool = True
 
     def __post_init__(self) -> None:
         for name in ("dp", "pp", "tp", "microbatches", "micro_batch_size", "chunks"):
-            _positive(getattr(self, name), name)
+            positive_int(getattr(self, name), f"Plan {name}", ValueError)
         if isinstance(self.zero_stage, bool) or self.zero_stage not in ZERO_STAGES:
             raise ValueError(f"Plan zero_stage must be one of 0, 1, 2, 3, got "
                              f"{self.zero_stage!r}")
@@ -52,9 +49,9 @@ class Plan:
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"Plan recompute must be one of {RECOMPUTE}, got "
                              f"{self.recompute!r}")
-        if not isinstance(self.sequence_parallel, bool):
-            raise TypeError(f"Plan sequence_parallel must be a bool, got "
-                            f"{self.sequence_parallel!r}")
+        for name in ("sequence_parallel", "scatter_gather"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"Plan {name} must be a bool, got {getattr(self, name)!r}")
         if self.zero_stage >= 2 and self.pp > 1:
             raise ValueError(f"Plan zero_stage={self.zero_stage} with pp={self.pp}: ZeRO 2 and 3 "
                              "shard what every micro-batch of a pipeline needs again; "
@@ -97,5 +94,6 @@ class Plan:
         extra += [] if self.recompute == "none" else [f"recompute={self.recompute}"]
         extra += ["SP"] if self.sequence_parallel else []
         extra += [f"v={self.chunks}"] if self.chunks > 1 else []
+        extra += [] if self.scatter_gather else ["no scatter/gather"]
         return " ".join([f"dp={self.dp} pp={self.pp} tp={self.tp} m={self.microbatches} "
                          f"b={self.micro_batch_size} {self.precision}", *extra])

@@ -9,6 +9,10 @@ section 3) say what it should find: tp up to the GPUs of one node, then pp to fi
 model, then dp for the rest; the test for GPT-3 on 1024 A100s checks where the paper's
 choice ranks.
 
+``predict_layouts(model, cluster, global_batch)`` is the narrower sweep of the hybrid lesson
+and ``minidist bench hybrid``: one plan per dp x pp x tp layout, everything else fixed, in
+``layouts`` order, fitting or not; ``fastest_fitting`` picks from it.
+
 A brute-force search is enough here (thousands of plans, a fraction of a second); the
 simulators that plan real jobs (Calculon, ASTRA-sim, Alpa's ILP) search larger spaces
 with finer models.
@@ -21,9 +25,9 @@ import numbers
 from collections.abc import Iterator
 
 from .cluster import Cluster
-from .model import RECOMPUTE, GPTShape
 from .plan import Plan
 from .predict import Prediction, predict
+from .transformer import RECOMPUTE, GPTShape
 
 
 def layouts(world: int) -> list[tuple[int, int, int]]:
@@ -66,6 +70,11 @@ def search_plans(model: GPTShape, cluster: Cluster, global_batch: int,
     (``candidate_plans``' keyword arguments)."""
     preds = (predict(model, cluster, plan)
              for plan in candidate_plans(model, cluster, global_batch, **space))
+    return _fastest_first(preds)
+
+
+def _fastest_first(preds) -> list[Prediction]:
+    """Those that fit, fastest first (equal times: least memory first)."""
     return sorted((p for p in preds if p.fits), key=lambda p: (p.step_s, p.memory["total"]))
 
 
@@ -79,3 +88,21 @@ def best_plan(model: GPTShape, cluster: Cluster, global_batch: int,
 def rank_of(ranked: list[Prediction], plan: Plan) -> int | None:
     """Where ``plan`` sits in ``search_plans``' list (0: the best), None if absent."""
     return next((i for i, p in enumerate(ranked) if p.plan == plan), None)
+
+
+def predict_layouts(model: GPTShape, cluster: Cluster, global_batch: int,
+                    micro_batch_size: int = 1, zero_stage: int = 0,
+                    precision: str = "bf16") -> list[Prediction]:
+    """``predict`` for one plan per layout of the cluster that the model and the batch
+    allow (``candidate_plans`` with only the layout free: 1F1B, no recomputation, no
+    sequence parallelism), in ``layouts`` order, whether it fits or not."""
+    plans = candidate_plans(model, cluster, global_batch, precision=precision,
+                            micro_batch_sizes=(micro_batch_size,), zero_stages=(zero_stage,),
+                            recomputes=("none",), sequence_parallel=(False,), chunks=(1,))
+    return [predict(model, cluster, plan) for plan in plans]
+
+
+def fastest_fitting(preds: list[Prediction]) -> Prediction | None:
+    """The quickest of ``preds`` whose memory fits (None if none does)."""
+    ranked = _fastest_first(preds)
+    return ranked[0] if ranked else None

@@ -5,22 +5,23 @@ dp, pp, tp, m micro-batches of b sequences, v chunks per stage, B = dp m b seque
 N = dp pp tp GPUs sustaining X FLOP/s each; e bytes per value at the plan's precision.
 
 Time (nothing overlaps anything: an upper bound where real systems hide some of the dp and
-pp traffic behind computation):
+pp traffic behind computation), each part from the module that derives it:
 
 * compute = F / (N X), F = ``step_flops(model, B, recompute)`` (72 B s l h^2 (1 + s/6h +
-  V/12lh); 96 B s l h^2 (1 + s/6h + V/16lh) with full recomputation; Narayanan et al.);
-* tp: every layer all-reduces its b s h activations twice forward and twice backward (the
-  f and g of Megatron-LM, Shoeybi et al. 2019; twice more when full recomputation replays
-  the forward), and the vocabulary-parallel embedding (forward) and head (backward) once
-  each per micro-batch, on the critical path: (4 l/pp + 2) m ring(e b s h, tp) (sequence
-  parallelism swaps each all-reduce for an all-gather and a reduce-scatter: the same ring
-  time; the cross-entropy's all-reduces of b s values are left out);
-* pp: each micro-batch sends its activations forward and its gradient back at every chunk
-  boundary, 2 v m (alpha + e b s h / (tp beta)): Megatron's scatter/gather sends 1/tp of the
-  tensor per tp rank (Narayanan et al., section 4.1);
-* bubble = (p - 1) / (v m) x (compute + tp + pp) (``bubble_overhead``);
-* dp: one ring all-reduce of the e Psi / (pp tp) gradient bytes per step after the flush;
-  ZeRO 1-2 reduce-scatter then all-gather (the same bytes), ZeRO-3 gathers once more (1.5x).
+  V/12lh); 96 B s l h^2 (1 + s/6h + V/16lh) with full recomputation; ``transformer.py``);
+* tp (``tp.tp_time``): the all-reduces of the last pipeline stage, m times: per micro-batch
+  4 per layer of its l/pp (6 with full recomputation), the head's and, without a pipeline,
+  the embedding's, all of e b s h bytes, and the cross-entropy's 3 of e b s bytes:
+  m [(4 l/pp + 1 + [pp = 1]) ring(e b s h, tp) + 3 ring(e b s, tp)], counted on the code;
+* pp (``pp.pp_time``): an activation forward and a gradient back per chunk boundary and
+  micro-batch, 2 v m (alpha + e b s h / (tp beta) + all_gather(e b s h / tp, tp)) with
+  Megatron's scatter/gather, 2 v m (alpha + e b s h / beta) without;
+* bubble = (p - 1) / (v m) x (compute + tp + pp) (``pp.bubble_overhead``): the fill and the
+  drain are p - 1 slots of one micro-batch's forward and backward, its tp all-reduces and
+  its transfers included;
+* dp (``dp.dp_time``): one ring all-reduce of the e Psi / (pp tp) gradient bytes per step
+  after the flush; ZeRO 1-2 reduce-scatter then all-gather (the same bytes), ZeRO-3 gathers
+  once more (1.5x).
 
 Memory per GPU: ``zero_memory`` of Psi / (pp tp) parameters (e bytes each for parameters
 and gradients; K = 12 optimizer bytes in mixed precision, 8 in fp32) plus the activations
@@ -39,11 +40,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..collectives.costs import ring_time
-from .cluster import PRECISION_BYTES, Cluster
-from .formulas import SECONDS_PER_DAY, bubble_overhead, zero_memory
-from .model import GPTShape, model_flops, step_flops
+from .cluster import PRECISION_BYTES, Cluster, crossing_dims
+from .dp import dp_time
 from .plan import Plan
+from .pp import bubble_overhead, pp_time
+from .tp import tp_time
+from .transformer import SECONDS_PER_DAY, GPTShape, model_flops, step_flops
+from .zero import zero_memory
 
 OPTIMIZER_BYTES = {"fp32": 8, "bf16": 12, "fp16": 12}  # K: Adam's m, v (+ fp32 master)
 TIME_PARTS = ("compute_s", "tp_s", "pp_s", "bubble_s", "dp_s")
@@ -80,26 +83,14 @@ def memory_bytes(model: GPTShape, plan: Plan) -> dict[str, float]:
     return out
 
 
-def _ring(nbytes: float, p: int, link) -> float:
-    return 0.0 if p == 1 else ring_time(nbytes, p, link.alpha, link.bandwidth)
-
-
 def step_times(model: GPTShape, cluster: Cluster, plan: Plan) -> dict[str, float]:
     """Seconds of one step by part: compute, tp, pp, bubble, dp (module docstring)."""
-    e, m, v = PRECISION_BYTES[plan.precision], plan.microbatches, plan.chunks
     flops = step_flops(model, plan.global_batch, plan.recompute)
     compute = flops / (plan.gpus * cluster.flops(plan.precision))
-    act = e * plan.micro_batch_size * model.seq * model.hidden  # one micro-batch's h states
-    per_layer = 6 if plan.recompute == "full" else 4
-    calls = (per_layer * model.layers / plan.pp + 2) * m
-    tp = calls * _ring(act, plan.tp, cluster.link(plan.tp, 1))
-    pp_link = cluster.link(plan.pp, plan.tp)
-    pp = 0.0 if plan.pp == 1 else 2 * v * m * pp_link.time(act / plan.tp)
-    grads = e * model.params / (plan.pp * plan.tp)
-    dp_link = cluster.link(plan.dp, plan.pp * plan.tp)
-    dp = _ring(grads, plan.dp, dp_link) * (1.5 if plan.zero_stage == 3 else 1.0)
-    bubble = bubble_overhead(plan.pp, m, v) * (compute + tp + pp)
-    return {"compute_s": compute, "tp_s": tp, "pp_s": pp, "bubble_s": bubble, "dp_s": dp}
+    tp, pp = tp_time(model, cluster, plan), pp_time(model, cluster, plan)
+    bubble = bubble_overhead(plan.pp, plan.microbatches, plan.chunks) * (compute + tp + pp)
+    return {"compute_s": compute, "tp_s": tp, "pp_s": pp, "bubble_s": bubble,
+            "dp_s": dp_time(model, cluster, plan)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,6 +111,21 @@ class Prediction:
     @property
     def fits(self) -> bool:
         return self.memory["total"] <= self.cluster.memory
+
+    @property
+    def crossing(self) -> str:
+        """The dimensions whose groups span nodes, e.g. "dp,pp"; "-" if none."""
+        layout = (self.plan.dp, self.plan.pp, self.plan.tp)
+        return ",".join(crossing_dims(layout, self.cluster.per_node)) or "-"
+
+    def row(self) -> dict:
+        """The plan's layout, memory (model state, activations, total) and times, flat."""
+        state = sum(self.memory[k] for k in ("params", "grads", "optimizer"))
+        return {"dp": self.plan.dp, "pp": self.plan.pp, "tp": self.plan.tp,
+                "microbatches": self.plan.microbatches, "state_bytes": state,
+                "activation_bytes": self.memory["activations"],
+                "memory_bytes": self.memory["total"], "fits": self.fits, **self.times,
+                "step_s": self.step_s, "crossing": self.crossing}
 
     @property
     def tokens_per_s(self) -> float:

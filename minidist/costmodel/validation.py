@@ -26,10 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cluster import Cluster, nodes_for
-from .formulas import zero_memory
-from .model import GPTShape, step_flops
 from .plan import Plan
 from .predict import Prediction, predict, step_times
+from .transformer import GPTShape, step_flops
+from .zero import zero_memory
 
 
 @dataclass(frozen=True)

@@ -33,12 +33,14 @@ GPU Clusters Using Megatron-LM", SC 2021, section 3 and Table 1): tp inside a no
 all-reduces b s h activations 4 times per block per micro-batch: it needs NVLink), pp across
 nodes (one b s h activation per micro-batch between neighbours), dp outermost (one gradient
 all-reduce per step, overlappable). Hence the mesh ``{"dp": .., "pp": .., "tp": ..}`` with tp
-last: tp neighbours are adjacent ranks. Per rank and step (``hybrid_costs.py`` as code,
-``minidist bench hybrid`` measured and predicted): Psi / (pp tp) parameters; bubble
-(pp - 1) / (m + pp - 1); over tp, 4 all-reduces of b s h elements per layer per micro-batch
-(2 forward, 2 backward), 2 (tp - 1)/tp b s h elements sent each; over pp, one activation
-and one gradient of b s h per micro-batch; over dp, one all-reduce of the Psi / (pp tp)
-gradients, 2 (dp - 1)/dp of them sent.
+last: tp neighbours are adjacent ranks. Per rank and step (``md.costmodel`` as code:
+``tp.py``, ``pp.py``, ``dp.py``; ``minidist bench hybrid`` measured and predicted):
+Psi / (pp tp) parameters; bubble (pp - 1) / (m + pp - 1); over tp, 4 all-reduces of b s h
+elements per layer per micro-batch (2 forward, 2 backward), one more on the stage with the
+embedding (forward) and on the one with the head (backward), and 3 of b s for the loss,
+2 (tp - 1)/tp of each sent; over pp, one activation and one gradient of b s h per
+micro-batch, whole from every tp rank (no scatter/gather); over dp, one all-reduce of the
+Psi / (pp tp) gradients, 2 (dp - 1)/dp of them sent.
 
 Limits, as in the systems this imitates: a head tied to the embedding cannot be split across
 pipeline stages (use ``GPTConfig(tie_weights=False)`` when pp > 1); ZeRO stages 2 and 3 reduce

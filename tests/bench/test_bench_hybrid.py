@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 
-from minidist.parallel.hybrid_costs import layouts
+from minidist.costmodel.planner import layouts
 
 
 def test_bench_hybrid_quick(tmp_path):

@@ -8,7 +8,8 @@ import json
 import subprocess
 import sys
 
-from minidist.collectives import auto, costs
+from minidist.collectives import auto
+from minidist.costmodel import collectives as costs
 
 
 def test_bench_collectives_quick(tmp_path):

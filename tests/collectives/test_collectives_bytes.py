@@ -1,5 +1,5 @@
 """Communication volume from ``comm.stats`` through the public calls: every algorithm and
-collective sends exactly the bytes ``collectives/costs.py`` (the one source of byte counts)
+collective sends exactly the bytes ``costmodel/collectives.py`` (the one source of byte counts)
 gives for each rank, ``auto`` included whichever path it takes (payload only: the agreement
 check is control traffic and not counted). ``test_costs.py`` covers more lengths, dtypes
 and roots; ``test_collectives_torch.py`` reuses these helpers on gloo."""
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import minidist as md
-from minidist.collectives import costs
 from minidist.collectives.auto import choose
+from minidist.costmodel import collectives as costs
 
 LENGTHS = [0, 1, 7, 24, 840, 1031]  # 24 and 840 are divisible by every p <= 8
 BIG = 300_007  # large enough for auto to take the shared-memory path

@@ -1,4 +1,4 @@
-"""``collectives/costs.py``: the bytes each rank sends are exactly what ``comm.stats`` counts,
+"""``costmodel/collectives.py``: the bytes each rank sends are exactly what ``comm.stats`` counts,
 for every algorithm and collective, world sizes 1..8, awkward lengths and several dtypes; the
 times reduce to the textbook formulas (Thakur, Rabenseifner and Gropp 2005; Patarasuk and
 Yuan 2009); ``auto`` chooses what the formulas predict, from the shipped or a loaded table."""
@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import minidist as md
-from minidist.collectives import auto, costs
+from minidist.collectives import auto
 from minidist.collectives import shared_memory as shm_collectives
+from minidist.costmodel import collectives as costs
 
 LENGTHS = [0, 1, 2, 3, 5, 7, 13, 24, 97, 840, 1031]  # primes; 24 and 840: every p <= 8
 DTYPES = [torch.float32, torch.float16, torch.int64, torch.float64]

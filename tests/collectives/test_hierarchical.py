@@ -11,8 +11,8 @@ import torch
 from collectives_ref import assert_same_bits, check, run_case
 
 import minidist as md
-from minidist.collectives import costs
 from minidist.collectives.topology import Topology, topology_of
+from minidist.costmodel import collectives as costs
 
 FAST = md.Link(alpha=0.0, bandwidth=1e12)  # the layout matters here, not the time
 ALL_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32,

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import minidist as md
-from minidist.collectives import cluster_costs, costs
 from minidist.collectives.auto import choose
 from minidist.collectives.topology import cross_node_hops, group_by_node, node_order
+from minidist.costmodel import cluster as cluster_costs
+from minidist.costmodel import collectives as costs
 
 INTRA = md.Link(alpha=20e-6, bandwidth=1e9)
 SLOW = md.Link(alpha=160e-6, bandwidth=1e9 / 8)  # 8x slower inter-node link

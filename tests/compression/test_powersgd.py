@@ -18,8 +18,8 @@ from oracles import assert_replicas_bitwise
 from torch import nn
 
 import minidist as md
-from minidist.collectives.costs import ring_bytes
 from minidist.compression import PowerSGD, orthogonalize_, powersgd_bytes, powersgd_elements
+from minidist.costmodel.collectives import ring_bytes
 from minidist.parallel.data.buckets import Bucket
 
 # (16, 12) and (8, 2, 5) -> 8 x 10 are compressed at rank 2; (12,) is 1-D; (3, 4) is too

@@ -17,8 +17,8 @@ from oracles import assert_params_close, assert_replicas_bitwise, params_of, tra
 from test_data_parallel import SGD, batches, mlp, train
 
 import minidist as md
-from minidist.collectives.costs import ring_bytes
 from minidist.compression import TopK, topk_bytes, topk_naive
+from minidist.costmodel.collectives import ring_bytes
 
 SIZES = (37, 10)  # two buckets of uneven sizes: per-bucket state must not mix
 RATIO, STEPS = 0.2, 6

@@ -1,4 +1,4 @@
-"""``costmodel.model``: a GPT's shape, and the FLOPs of a step against Megatron-LM's closed
+"""``costmodel.transformer``: a GPT's shape, and the FLOPs of a step against Megatron-LM's closed
 forms (Narayanan et al., SC 2021, section 5.1) and Kaplan et al.'s 6 N D."""
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ def test_a_plan_adds_up():
     assert str(plan) == "dp=8 pp=16 tp=8 m=192 b=1 bf16"
     assert str(Plan(2, 2, 2, 4, zero_stage=1, recompute="full", sequence_parallel=True,
                     chunks=2)) == "dp=2 pp=2 tp=2 m=4 b=1 bf16 ZeRO-1 recompute=full SP v=2"
+    assert str(Plan(pp=2, tp=2, scatter_gather=False)) == \
+        "dp=1 pp=2 tp=2 m=1 b=1 bf16 no scatter/gather"
 
 
 @pytest.mark.parametrize("plan, message", [
@@ -52,9 +54,11 @@ def test_bad_plans_are_named(kwargs, message):
         Plan(**kwargs)
 
 
-def test_sequence_parallel_must_be_a_bool():
+def test_flags_must_be_bools():
     with pytest.raises(TypeError, match="sequence_parallel must be a bool"):
         Plan(tp=2, sequence_parallel="yes")
+    with pytest.raises(TypeError, match="Plan scatter_gather must be a bool, got 1"):
+        Plan(pp=2, scatter_gather=1)
 
 
 def test_cluster_presets_and_errors():

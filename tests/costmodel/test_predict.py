@@ -1,12 +1,13 @@
 """``costmodel.predict``: each part of a predicted step and of the memory per GPU is the
 formula its docstring cites (Korthikanti et al. 2022 for activations, ZeRO for model state,
-the ring all-reduce for tp and dp, the bubble), and the parts add up."""
+the ring all-reduce for tp and dp, the all-gather of Megatron's scatter/gather for pp, the
+bubble), and the parts add up. ``test_step_terms.py`` counts the tp and pp terms on the
+code."""
 
 from __future__ import annotations
 
 import pytest
 
-from minidist.collectives.costs import ring_time
 from minidist.costmodel import (
     GPT3_175B,
     Cluster,
@@ -19,6 +20,7 @@ from minidist.costmodel import (
     training_days,
     zero_memory,
 )
+from minidist.costmodel.collectives import all_gather_time, ring_time
 
 A100_1024 = Cluster.dgx_a100(nodes=128)
 GPT_6B = GPTShape(layers=32, hidden=4096, heads=32, vocab=51200, seq=2048)
@@ -85,9 +87,21 @@ def test_the_parts_of_a_step():
     intra, inter = A100_1024.intra, A100_1024.inter
     assert p.times["compute_s"] == pytest.approx(
         step_flops(GPT3_175B, 1536, "full") / (1024 * 312e12 * 0.4735))
-    assert p.times["tp_s"] == pytest.approx(
-        (6 * 96 / 16 + 2) * 192 * ring_time(act, 8, intra.alpha, intra.bandwidth))
-    assert p.times["pp_s"] == pytest.approx(2 * 192 * inter.time(act / 8))
+    # tp: the last stage's all-reduces per micro-batch: 6 per layer of its 96/16 (2 forward,
+    # 2 backward, 2 in the recomputed forward), 1 for the head (backward; the embedding's is on
+    # the first stage), 3 of b s for the cross-entropy (costmodel/tp.py). Was (6 l/pp + 2) m
+    # ring(b s h): the embedding's and the head's on every stage, the loss's left out.
+    ring = ring_time(act, 8, intra.alpha, intra.bandwidth)
+    loss = ring_time(act / 12288, 8, intra.alpha, intra.bandwidth)
+    assert p.times["tp_s"] == pytest.approx((6 * 96 / 16 + 1) * 192 * ring + 3 * 192 * loss)
+    # pp: scatter/gather sends 1/tp of the activation across, then all-gathers it over the tp
+    # link before the next stage can compute (Narayanan et al. 2021, section 4.1;
+    # costmodel/pp.py). Was 2 m inter(b s h / tp): the all-gather left out.
+    gather = all_gather_time(act / 8, 8, intra.alpha, intra.bandwidth)
+    assert p.times["pp_s"] == pytest.approx(2 * 192 * (inter.time(act / 8) + gather))
+    whole = predict(GPT3_175B, A100_1024, Plan(dp=8, pp=16, tp=8, microbatches=192,
+                                               recompute="full", scatter_gather=False))
+    assert whole.times["pp_s"] == pytest.approx(2 * 192 * inter.time(act))
     assert p.times["dp_s"] == pytest.approx(
         ring_time(2 * GPT3_175B.params / 128, 8, inter.alpha, inter.bandwidth))
     ideal = p.times["compute_s"] + p.times["tp_s"] + p.times["pp_s"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import minidist as md
-from minidist.collectives import costs as collective_costs
+from minidist.costmodel import collectives as collective_costs
 from minidist.models import GPT, GPTConfig, synthetic_tokens
 from minidist.parallel.hybrid import HybridGPT
 

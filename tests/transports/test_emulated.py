@@ -249,7 +249,7 @@ def test_auto_predicts_from_the_emulated_links():
     """On an emulated network, `auto` uses the links' alpha and bandwidth: a high-latency
     link favours the fewest messages for small tensors and a bandwidth-optimal algorithm
     for large ones, as costs.time predicts with the link's figures."""
-    from minidist.collectives import costs
+    from minidist.costmodel import collectives as costs
 
     link = md.Link(alpha=1e-3, bandwidth=1e8)
     sizes = [64, 1 << 24]

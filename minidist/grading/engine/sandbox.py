@@ -154,9 +154,9 @@ RULES = {
     FIT: Rule("write the least-squares fit yourself (np.linalg.lstsq)",
               named=(("minidist.bench.p2p", "fit_alpha_beta"),)),
     PREDICT: Rule("write the alpha-beta formula yourself",
-                  named=(("minidist.collectives.costs", "time"),),
+                  named=(("minidist.costmodel.collectives", "time"),),
                   classes=(("minidist.transports.network", "Link", ("time",)),
-                           ("minidist.collectives.costs", "Terms", ("time",)))),
+                           ("minidist.costmodel.collectives", "Terms", ("time",)))),
     PARAM_SERVER: Rule(
         "you are building the parameter server's loop and rules here: use comm.send and "
         "comm.recv",

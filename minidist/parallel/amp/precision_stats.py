@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ...collectives.costs import ring_bytes
+from ...costmodel.collectives import ring_bytes
 from ..zero.flat_shards import storage_bytes
 
 FORMATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -82,7 +82,7 @@ def training_bytes(n_params: int, dtype: torch.dtype, optimizer_bytes: int = 8,
 
 def all_reduce_bytes(numel: int, world_size: int, dtype: torch.dtype, rank: int = 0) -> int:
     """Bytes ``rank`` sends in a ring all_reduce of ``numel`` elements of ``dtype``:
-    about 2 (p-1)/p x N x element size (``collectives.costs.ring_bytes``), so a 16-bit
+    about 2 (p-1)/p x N x element size (``costmodel.collectives.ring_bytes``), so a 16-bit
     all_reduce sends half the bytes of a float32 one."""
     elem = torch.empty((), dtype=dtype).element_size()
     return ring_bytes(numel, elem, world_size, rank)

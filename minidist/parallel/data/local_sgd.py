@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from ...collectives import all_reduce_coalesced
-from ...collectives.costs import ring_bytes
+from ...costmodel.collectives import ring_bytes
 from .ddp import DistributedDataParallel
 
 

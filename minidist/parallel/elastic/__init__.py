@@ -46,14 +46,14 @@ and the agent relaunches one more, which starts from that commit like everyone e
 step is lost. Horovod keeps the old workers alive and syncs the new one by broadcast; here
 a join costs a restart (measured by ``minidist bench elastic``).
 
-Cost (``elastic_costs.py``): commits add ``t_commit / k`` per step; a failure costs
+Cost (``costmodel.elastic``): commits add ``t_commit / k`` per step; a failure costs
 ``t_restart + (k - 1) / 2 * t_step`` on average (the steps since the last commit are
 redone); with a failure every MTBF seconds the best interval is Young's
 ``k t_step = sqrt(2 t_commit MTBF)``.
 """
 
+from ...costmodel.elastic import failure_seconds, lost_steps, overhead, young_interval
 from .agent import Attempt, ElasticError, ElasticResults, NotEnoughRanksError, launch
-from .elastic_costs import failure_seconds, lost_steps, overhead, young_interval
 from .elastic_sampler import ElasticBatch, ElasticSampler
 from .full_state import FullState, export_state, import_state
 from .loop import HostsUpdatedInterrupt, check_membership, run

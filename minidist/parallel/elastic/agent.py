@@ -13,7 +13,7 @@ job's ranks resume from the last commit each time (``loop.run``). Three endings:
   commit, or raises ``NotEnoughRanksError`` if fewer than ``min_ranks`` are left, or
   ``ElasticError`` after ``max_restarts`` failures.
 
-Each relaunch costs the start of fresh processes plus the restore (``elastic_costs.py``); the bench
+Each relaunch costs the start of fresh processes plus the restore (``costmodel.elastic``); the bench
 ``minidist bench elastic`` measures both.
 
 Before the first launch the agent checks what no relaunch can fix, since a rank that fails

@@ -11,7 +11,7 @@ outside (a file, a scheduler). If it differs from the world size, every rank rai
 job at the new size, which resumes from that very commit: nothing is lost by a join.
 
 A failure between commits loses the steps since the last one: ``k / 2`` on average, each
-redone at the new world size after the restart (``elastic_costs.py``).
+redone at the new world size after the restart (``costmodel.elastic``).
 """
 
 from __future__ import annotations

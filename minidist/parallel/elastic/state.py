@@ -11,7 +11,7 @@ mode 0600, the safe loading and the fallback to ``commit.prev.pt``: ``commit_sto
 A commit therefore holds only tensors and plain types, which ``torch.load(weights_only=True)``
 rebuilds without running anything: the fields too (numbers, strings, lists, dicts of them).
 
-Cost of a commit (``elastic_costs.py``): the gather of ZeRO's sharded optimizer state (K Psi bytes
+Cost of a commit (``costmodel.elastic``): the gather of ZeRO's sharded optimizer state (K Psi bytes
 on a ring) plus serialising (2 + K) Psi bytes on rank 0; every k steps, so the overhead
 per step is ``t_commit / k``.
 """

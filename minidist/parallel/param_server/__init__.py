@@ -23,27 +23,19 @@ Files: ``parameter_server.py`` (``ParameterServer``: checks, roles, the facade),
 sliced; how a shard travels: big pieces in place, small ones packed), ``server.py`` (the
 serving loop: any-source receive, membership), ``rules.py`` (the sync / async / SSP rules as
 small pure functions), ``worker.py`` (pull, push, close), ``messages.py`` (message kinds and
-tags), ``reports.py`` (the reports), ``ps_costs.py`` (bytes and time per step, PS against
-ring all_reduce, as code for the lesson and the benchmark), and ``torch_rpc.py``: the real
+tags), ``reports.py`` (the reports; bytes and time per step, PS against ring all_reduce,
+are the cost model's: ``costmodel/ps.py``, ``costmodel/dp.py``), and ``torch_rpc.py``: the real
 system to compare with, PyTorch's RPC parameter server from its tutorial, runnable under
 ``md.launch``. ``WorkerLeftError`` lives with the other errors in ``minidist/errors.py``.
 
 The naive version is ``num_servers=1``: one server holds and receives everything, W*N bytes
-per sync step; ``num_servers=S`` divides that by S (``ps_costs.py``, ``minidist bench ps``).
+per sync step; ``num_servers=S`` divides that by S (``costmodel/ps.py``, ``minidist bench ps``).
 """
 
 from ...errors import WorkerLeftError
 from .parameter_server import MODES, ON_WORKER_EXIT, ParameterServer
-from .ps_costs import (
-    ps_server_ingress_bytes,
-    ps_step_time,
-    ring_all_reduce_bytes_per_rank,
-    ring_step_time,
-)
 from .reports import ServerReport, WorkerReport
 from .sharding import Piece, Segment, ShardPlan, plan_shards
 
 __all__ = ["MODES", "ON_WORKER_EXIT", "ParameterServer", "Piece", "Segment", "ServerReport",
-           "ShardPlan", "WorkerLeftError", "WorkerReport", "plan_shards",
-           "ps_server_ingress_bytes", "ps_step_time", "ring_all_reduce_bytes_per_rank",
-           "ring_step_time"]
+           "ShardPlan", "WorkerLeftError", "WorkerReport", "plan_shards"]

@@ -39,7 +39,7 @@ class ParameterServer:
     across all servers (MXNet kvstore's "big array" rule); smaller ones go whole to the
     least-loaded server (largest first), so each server holds about N/S of the N parameter
     bytes and receives W*N/S bytes per synchronous step. ``num_servers=1`` is the naive
-    version: one server holds everything and receives W*N bytes per step (``ps_costs.py``).
+    version: one server holds everything and receives W*N bytes per step (``costmodel/ps.py``).
 
     Modes (``mode``):
 

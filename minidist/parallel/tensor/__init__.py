@@ -7,18 +7,16 @@ last dimension, as autograd functions with their costs. ``layers.py``:
 ``from_full`` and gathered back with ``full_weight``). ``cross_entropy.py``: the loss over
 vocabulary-split logits. ``parallel_gpt.py``: ``parallelize_gpt`` for ``md.models.GPT``.
 ``naive_mlp.py``: the gather-every-output MLP beside Megatron's. ``sequence.py``: sequence
-parallelism (Korthikanti et al. 2022). ``tp_costs.py``: bytes, time and memory per step as
-code.
+parallelism (Korthikanti et al. 2022). Bytes, time and memory per step as code:
+``md.costmodel``'s ``tp.py``.
 """
 
-from . import tp_costs
 from .cross_entropy import vocab_parallel_cross_entropy
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from .mappings import (
     copy_to_parallel,
     gather_from_parallel,
     gather_sequence,
-    op_cost,
     reduce_from_parallel,
     reduce_scatter_sequence,
     split_to_parallel,
@@ -30,6 +28,6 @@ from .sequence import GatheringLayerNorm, SequenceSlicedEmbedding, sum_partial_g
 __all__ = ["ColumnParallelLinear", "GatheringLayerNorm", "RowParallelLinear",
            "SequenceSlicedEmbedding", "TensorParallelGPT", "VocabParallelEmbedding",
            "copy_to_parallel", "gather_from_parallel", "gather_output_mlp",
-           "gather_sequence", "op_cost", "parallelize_gpt", "qkv_rows", "reduce_from_parallel",
-           "reduce_scatter_sequence", "split_to_parallel", "sum_partial_gradients", "tp_costs",
+           "gather_sequence", "parallelize_gpt", "qkv_rows", "reduce_from_parallel",
+           "reduce_scatter_sequence", "split_to_parallel", "sum_partial_gradients",
            "vocab_parallel_cross_entropy"]

@@ -10,8 +10,9 @@ token over the ranks, each rank working on its V/p columns:
 3. the target's logit, taken by the one rank that holds the target (all-reduce sum).
 
 loss = log(sum exp(z - m)) - (z_target - m). Backward is local: softmax minus one-hot on
-this rank's columns. Cost: 3 all-reduces of b*s elements (:func:`cross_entropy_bytes`),
-against an all-gather of b*s*V for the naive path (:func:`gathered_logits_bytes`).
+this rank's columns. Cost: 3 all-reduces of b*s elements, against an all-gather of b*s*V
+for the naive path (``md.costmodel``'s ``tp.cross_entropy_bytes`` and
+``tp.gathered_logits_bytes``).
 torch's counterpart is ``torch.distributed.tensor.parallel.loss_parallel``.
 """
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 import torch
 
 from ...collectives import all_reduce
-from ...collectives import costs as collective_costs
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -70,14 +70,3 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, co
                          f"[{int(targets.min())}, {int(targets.max())}]")
     start = comm.rank * logits.shape[-1] if vocab_start is None else vocab_start
     return _VocabParallelCrossEntropy.apply(logits, targets.long(), comm, start, algorithm)
-
-
-def cross_entropy_bytes(tokens: int, element_size: int, p: int, rank: int) -> int:
-    """Bytes ``rank`` sends: 3 ring all-reduces (max, sum of exp, target logit) of one
-    number per token, 3 x 2 (p-1)/p tokens element_size."""
-    return 3 * collective_costs.ring_bytes(tokens, element_size, p, rank)
-
-
-def gathered_logits_bytes(tokens: int, vocab: int, element_size: int, p: int) -> int:
-    """Bytes a rank sends to all-gather the full logits instead: (p-1) tokens V/p."""
-    return collective_costs.all_gather_bytes(tokens * vocab // p, element_size, p, 0)

@@ -10,8 +10,8 @@ forward; the input's gradient is a sum over ranks (the f operator). With A split
 already split by columns, rank r computes the partial sum X_r A_r and one all-reduce (the g
 operator) adds them: column-then-row costs one all-reduce forward and one backward, each of
 the b*s*h activation, 2 (p-1)/p b s h element_size bytes per rank with the ring
-(``naive_mlp.megatron_mlp_bytes``; the whole step in ``tp_costs.step_bytes``). Weight memory per
-rank is 1/p of the full layer's.
+(``costmodel.tp.megatron_mlp_bytes``; the whole step in ``costmodel.tp.step_bytes``).
+Weight memory per rank is 1/p of the full layer's.
 """
 
 from __future__ import annotations

@@ -21,10 +21,10 @@ forward, reduce-scatter backward) and each g by :func:`reduce_scatter_sequence` 
 conjugate), so LayerNorm and dropout run on s/p tokens per rank. An all-gather plus a
 reduce-scatter move what one all-reduce moves: the bytes stay, the activations shrink.
 
-Costs, alpha-beta (``md.collectives.costs``), n the bytes of the full tensor, p ranks, ring
-algorithm: an all-reduce is 2(p-1) alpha + 2 (p-1)/p n beta; an all-gather of pieces of n/p
-bytes is (p-1) alpha + (p-1)/p n beta, and so is a reduce-scatter (plus its reduction); a
-split is free. :func:`op_cost` gives each as code.
+Costs, alpha-beta, n the bytes of the full tensor, p ranks, ring algorithm: an all-reduce is
+2(p-1) alpha + 2 (p-1)/p n beta; an all-gather of pieces of n/p bytes is (p-1) alpha +
+(p-1)/p n beta, and so is a reduce-scatter (plus its reduction); a split is free.
+``md.costmodel``'s ``tp.op_cost`` gives each operator's as code.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from __future__ import annotations
 import torch
 
 from ...collectives import all_gather, all_reduce, reduce_scatter
-from ...collectives import costs as collective_costs
 
 OPERATORS = ("copy", "reduce", "split", "gather", "gather_sequence", "reduce_scatter_sequence")
 
@@ -189,19 +188,3 @@ def reduce_scatter_sequence(x: torch.Tensor, comm) -> torch.Tensor:
     """(b, s, h) partial sums -> (b, s/p, h) summed: reduce-scatter forward, all-gather
     backward."""
     return ReduceScatterSequence.apply(x, comm)
-
-
-def op_cost(name: str, nbytes: float, p: int, alpha: float, beta: float) -> dict[str, float]:
-    """Seconds (forward, backward) of operator ``name`` on a full tensor of ``nbytes`` over
-    p ranks, ring algorithm: all-reduce 2(p-1) alpha + 2 (p-1)/p n / beta; all-gather of
-    n/p-byte pieces and reduce-scatter of n bytes (p-1) alpha + (p-1)/p n / beta; split 0."""
-    if name not in OPERATORS:
-        raise ValueError(f"op_cost: unknown operator {name!r}; choose one of {OPERATORS}")
-    reduce = collective_costs.time("ring", nbytes, p, alpha, beta)
-    gather = collective_costs.time("all_gather", nbytes / p, p, alpha, beta)
-    scatter = collective_costs.time("reduce_scatter", nbytes, p, alpha, beta)
-    forward, backward = {"copy": (0.0, reduce), "reduce": (reduce, 0.0),
-                         "split": (0.0, gather), "gather": (gather, 0.0),
-                         "gather_sequence": (gather, scatter),
-                         "reduce_scatter_sequence": (scatter, gather)}[name]
-    return {"forward": forward, "backward": backward}

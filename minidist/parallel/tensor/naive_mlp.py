@@ -9,7 +9,8 @@ the input gradients backward (of h and of 4h):
     naive:     (p-1)/p (4 + 1) bsh   +   2 (p-1)/p (1 + 4) bsh   = 15 (p-1)/p bsh elements
     Megatron:  2 (p-1)/p bsh (g, forward)  +  2 (p-1)/p bsh (f, backward) = 4 (p-1)/p bsh
 
-per rank per step (ring algorithms). Megatron's column-then-row pairing never materialises
+per rank per step (ring algorithms; ``md.costmodel``'s ``tp.naive_mlp_bytes`` and
+``tp.megatron_mlp_bytes``). Megatron's column-then-row pairing never materialises
 the 4h activation anywhere whole: GELU is elementwise, so it runs on each rank's slice and
 only the h-wide partial sums are added (Shoeybi et al. 2019, section 3). It also keeps the
 4h activation at 1/p per rank, where the naive MLP holds it whole on every rank.
@@ -21,7 +22,6 @@ import copy
 
 from torch import nn
 
-from ...collectives import costs as collective_costs
 from .layers import ColumnParallelLinear
 
 
@@ -37,19 +37,3 @@ def gather_output_mlp(mlp: nn.Module, comm, algorithm: str = "auto") -> nn.Modul
     mlp.c_proj = ColumnParallelLinear.from_full(mlp.c_proj, comm, gather_output=True,
                                                 algorithm=algorithm)
     return mlp
-
-
-def megatron_mlp_bytes(tokens: int, hidden: int, element_size: int, p: int, rank: int) -> int:
-    """Bytes ``rank`` sends per training step in a Megatron MLP (or attention) block: one
-    ring all-reduce of tokens x hidden forward (g) and one backward (f)."""
-    return 2 * collective_costs.ring_bytes(tokens * hidden, element_size, p, rank)
-
-
-def naive_mlp_bytes(tokens: int, hidden: int, element_size: int, p: int, rank: int) -> int:
-    """Bytes ``rank`` sends per training step in the naive MLP: all-gathers of the 4h and h
-    outputs forward, ring all-reduces of the h and 4h input gradients backward."""
-    n = tokens * hidden
-    gathers = sum(collective_costs.all_gather_bytes(k * n // p, element_size, p, rank)
-                  for k in (4, 1))
-    reduces = sum(collective_costs.ring_bytes(k * n, element_size, p, rank) for k in (1, 4))
-    return gathers + reduces

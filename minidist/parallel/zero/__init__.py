@@ -10,8 +10,8 @@ one shard per rank; ``grad_buckets.py`` reduce-scatters gradients into shards du
 backward (stages 2, 3); ``param_units.py`` gathers and frees parameters unit by unit
 (stage 3, FSDP's idea), and with ``prefetch=True`` gathers the next unit on a thread while
 the current one computes; ``zero_naive.py`` is stage 1 written plainly, whole tensors per
-rank, beside the flat one; ``zero_costs.py`` has the memory and communication formulas as
-code.
+rank, beside the flat one. The memory and communication formulas are the cost model's
+(``costmodel/zero.py``).
 """
 
 from .flat_shards import FlatShards
@@ -19,9 +19,8 @@ from .stage0 import ZeROStage0
 from .stage1 import ZeROStage1
 from .stage2 import ZeROStage2
 from .stage3 import ZeROStage3
-from .zero_costs import zero_rank_bytes, zero_step_bytes, zero_step_time
 from .zero_naive import ShardedOptimizerNaive
 from .zero_optimizer import ZeRO
 
 __all__ = ["FlatShards", "ShardedOptimizerNaive", "ZeRO", "ZeROStage0", "ZeROStage1",
-           "ZeROStage2", "ZeROStage3", "zero_rank_bytes", "zero_step_bytes", "zero_step_time"]
+           "ZeROStage2", "ZeROStage3"]

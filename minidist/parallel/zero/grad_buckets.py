@@ -27,7 +27,7 @@ when the pass ends. Several backward passes before one ``step`` add up in the sh
 
 Communication per step: one reduce-scatter of the padded model, (p - 1)/p * Psi elements
 sent per rank; with stage 1's all-gather afterwards the total is the 2 Psi of one
-all-reduce (``zero_costs.zero_step_bytes``).
+all-reduce (``costmodel.zero.zero_step_bytes``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ FSDP's root does.
 Cost (Rajbhandari et al. SC 2020, section 7.2.3): per step two all-gathers (forward and
 backward) and one reduce-scatter, each (p - 1)/p * Psi elements per rank: 3 Psi against
 the 2 Psi of stages 1 and 2 (1.5x). The root unit is gathered once, so a model with a big
-root moves a little less (``zero_costs.zero_step_bytes``). Peak parameter memory: the
+root moves a little less (``costmodel.zero.zero_step_bytes``). Peak parameter memory: the
 shards plus the root plus the largest unit (plus the next, with prefetch).
 """
 

@@ -10,7 +10,7 @@ else::
     step:      g = all_reduce(flat gradient, avg)   every rank: the whole average
                optimizer.step()                      every rank: the whole update
 
-Communication: one all-reduce, 2 Psi per step on a ring (``zero_costs.py`` counts it as the
+Communication: one all-reduce, 2 Psi per step on a ring (``costmodel/zero.py`` counts it as the
 reduce-scatter plus all-gather a ring does). Stage 1 (``stage1.py``) moves the same bytes
 and keeps 1/p of the optimizer state; this file is stage 1's line for line, so that
 ``diff stage0.py stage1.py`` shows exactly what sharding the optimizer state changes.

@@ -25,7 +25,7 @@ gradients), ``step``, ``zero_grad`` and ``_gradient_buffers``.
 
 Bytes per rank: (2 + 2 + K) Psi, 4 Psi + K Psi/Nd, 2 Psi + (2 + K) Psi/Nd,
 (2 + 2 + K) Psi/Nd; communication 2 Psi per step for stages 0-2 and 3 Psi for stage 3
-(``zero_costs.py``; ``md.costmodel.zero_memory``).
+(``costmodel/zero.py``; ``md.costmodel.zero_memory``).
 
 The optimizer runs on each shard as one flat 1-D parameter. That is exactly the
 single-process optimizer for optimizers whose state and update are per element (SGD with
@@ -45,9 +45,9 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from ...costmodel.zero import ZERO_STAGES, zero_step_bytes
 from ..data.replicas import check_args, sync_module_states
 from .flat_shards import storage_bytes
-from .zero_costs import STAGES, zero_step_bytes
 
 
 class ZeRO(nn.Module):
@@ -122,7 +122,7 @@ class ZeRO(nn.Module):
         return out
 
     def predicted_step_bytes(self) -> int:
-        """Bytes this rank should send per step on rings (``zero_costs.zero_step_bytes``
+        """Bytes this rank should send per step on rings (``costmodel.zero.zero_step_bytes``
         for this layout: its groups, and stage 3's root unit gathered once)."""
         elem = self.groups[0].params[0].element_size() if self.groups else 0
         return zero_step_bytes([g.numel for g in self.groups], self.comm.world_size,
@@ -143,7 +143,7 @@ class ZeRO(nn.Module):
 
 
 def _is_stage(stage) -> bool:
-    return not isinstance(stage, bool) and stage in STAGES
+    return not isinstance(stage, bool) and stage in ZERO_STAGES
 
 
 def _stage_classes() -> dict[int, type[ZeRO]]:

@@ -171,9 +171,9 @@ WRONG = [
     return md.Link(alpha=alpha, bandwidth=beta).time(nbytes)
 """), {PREDICT: "minidist.transports.network.Link is not allowed"}),
     Wrong("predict_costs_terms", EX, predict("""\
-    from minidist.collectives.costs import Terms
+    from minidist.costmodel.collectives import Terms
     return Terms(1, nbytes).time(alpha, beta)
-"""), {PREDICT: "minidist.collectives.costs.Terms is not allowed"}),
+"""), {PREDICT: "minidist.costmodel.collectives.Terms is not allowed"}),
     Wrong("predict_numpy_scalar", EX, predict("    return np.float64(alpha) + nbytes / beta\n"),
           passes=True),
 ]

@@ -13,7 +13,7 @@ from oracles import assert_params_close, assert_replicas_bitwise, mse, params_of
 from test_data_parallel import SGD, batches, mlp
 
 import minidist as md
-from minidist.collectives.costs import ring_bytes
+from minidist.costmodel.collectives import ring_bytes
 from minidist.parallel.data import accumulate_gradients, local_sgd_bytes
 
 ATOL = 1e-13

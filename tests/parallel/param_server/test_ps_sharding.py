@@ -11,13 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minidist.parallel.param_server import (
-    plan_shards,
-    ps_server_ingress_bytes,
-    ps_step_time,
-    ring_all_reduce_bytes_per_rank,
-    ring_step_time,
-)
+from minidist.costmodel.dp import ring_all_reduce_bytes_per_rank, ring_step_time
+from minidist.costmodel.ps import ps_server_ingress_bytes, ps_step_time
+from minidist.parallel.param_server import plan_shards
 from minidist.parallel.param_server.sharding import BIG_PIECE
 
 shapes_st = st.lists(st.lists(st.sampled_from([0, 1, 2, 3, 7, 9, 200]), min_size=0,

@@ -19,7 +19,8 @@ from oracles import assert_params_close, params_of, train_single, train_steps
 from torch import nn
 
 import minidist as md
-from minidist.parallel.param_server import plan_shards, ps_server_ingress_bytes
+from minidist.costmodel.ps import ps_server_ingress_bytes
+from minidist.parallel.param_server import plan_shards
 
 ATOL = 1e-12
 B, STEPS = 12, 4  # the global batch divides by every worker count tested (1..4)

@@ -2,7 +2,7 @@
 model on 1, 2 and 4 ranks (logits, loss, every parameter's gradient gathered back, several
 AdamW steps; float64, tied and untied head), makes exactly 4 all-reduces of b*s*h elements
 per block per training step (2 forward, 2 backward) as ``comm.stats`` counts them, holds the
-parameters ``tp_costs.param_counts`` predicts, and refuses what it cannot split."""
+parameters ``costmodel.tp.param_counts`` predicts, and refuses what it cannot split."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import minidist as md
-from minidist.collectives import costs as collective_costs
+from minidist.costmodel import collectives as collective_costs
+from minidist.costmodel import tp as costs
+from minidist.costmodel.tp import megatron_mlp_bytes, naive_mlp_bytes
 from minidist.models import GPT, GPTConfig, synthetic_tokens
-from minidist.parallel.tensor import tp_costs as costs
-from minidist.parallel.tensor.naive_mlp import megatron_mlp_bytes, naive_mlp_bytes
 
 CFG = GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=4, n_embd=16)
 B, S, STEPS = 2, 8, 3

@@ -12,11 +12,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import minidist as md
-from minidist.collectives import costs
+from minidist.costmodel import collectives as costs
+from minidist.costmodel.tp import op_cost
 from minidist.parallel.tensor import (
     copy_to_parallel,
     gather_from_parallel,
-    op_cost,
     reduce_from_parallel,
     split_to_parallel,
     vocab_parallel_cross_entropy,

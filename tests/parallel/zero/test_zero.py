@@ -17,7 +17,8 @@ from oracles import assert_params_close, assert_replicas_bitwise, train_single
 from torch import nn
 
 import minidist as md
-from minidist.parallel.zero import FlatShards, ZeRO, zero_rank_bytes, zero_step_bytes
+from minidist.costmodel.zero import zero_rank_bytes, zero_step_bytes
+from minidist.parallel.zero import FlatShards, ZeRO
 
 ATOL = 1e-13
 B, STEPS = 12, 3  # global batch divisible by 1, 2, 3, 4

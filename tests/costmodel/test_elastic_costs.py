@@ -1,5 +1,6 @@
-"""The cost formulas of elasticity: lost steps, the expected cost of a failure, and Young's
-interval is where the overhead formula has its minimum."""
+"""``costmodel.elastic``, the cost formulas of elasticity: lost steps, the expected cost of a
+failure, and Young's interval is where the overhead formula has its minimum (``md.elastic``
+re-exports them)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import math
 
 import pytest
 
-from minidist.parallel.elastic import failure_seconds, lost_steps, overhead, young_interval
+import minidist as md
+from minidist.costmodel.elastic import failure_seconds, lost_steps, overhead, young_interval
 
 
 def test_lost_steps_are_those_since_the_last_commit():
@@ -25,3 +27,8 @@ def test_young_interval_minimises_the_overhead():
     assert young_interval(t_commit, mtbf) == math.sqrt(2 * 0.5 * 3600)
     with pytest.raises(ValueError, match="mtbf > 0"):
         young_interval(1.0, 0)
+
+
+def test_md_elastic_shows_the_same_functions():
+    assert (md.elastic.lost_steps, md.elastic.failure_seconds, md.elastic.overhead,
+            md.elastic.young_interval) == (lost_steps, failure_seconds, overhead, young_interval)

@@ -5,7 +5,7 @@ with one full-duplex link of bandwidth B (bytes/s) and latency alpha (s). In a s
 every worker pushes N bytes (N/S to each server) and pulls N bytes back, so
 
     server ingress per step = W * N / S        (and the same egress for the pulls)
-    ring all_reduce, per rank = 2 (W - 1) / W * N   (Patarasuk and Yuan 2009)
+    ring all_reduce, per rank = 2 (W - 1) / W * N   (Patarasuk and Yuan 2009; ``dp.py``)
 
 The server's link receives W/S model copies per step while a ring rank's receives fewer than
 two, whatever W. In time, a sync step's push and pull are sequential phases of W N/(S B)
@@ -32,28 +32,14 @@ enough servers on spare machines bring the parameter server back to the optimum.
 
 from __future__ import annotations
 
-import numbers
-
-
-def _positive(value, what: str, integer: bool = False) -> float:
-    kind = numbers.Integral if integer else numbers.Real
-    if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
-        raise ValueError(f"{what} must be a positive {'integer' if integer else 'number'}, "
-                         f"got {value!r}")
-    return value
+from .transformer import positive_int, positive_number
 
 
 def ps_server_ingress_bytes(workers: int, model_bytes: float, num_servers: int = 1) -> float:
     """Bytes into one server per sync step: ``W * N / S``."""
-    w = _positive(workers, "workers", integer=True)
-    s = _positive(num_servers, "num_servers", integer=True)
-    return w * _positive(model_bytes, "model_bytes") / s
-
-
-def ring_all_reduce_bytes_per_rank(world: int, model_bytes: float) -> float:
-    """Bytes each rank sends (and receives) in one ring all_reduce: ``2 (p-1)/p * N``."""
-    p = _positive(world, "world", integer=True)
-    return 2 * (p - 1) / p * _positive(model_bytes, "model_bytes")
+    w = positive_int(workers, "workers", ValueError)
+    s = positive_int(num_servers, "num_servers", ValueError)
+    return w * positive_number(model_bytes, "model_bytes") / s
 
 
 def ps_step_time(workers: int, model_bytes: float, num_servers: int, bandwidth: float,
@@ -64,15 +50,7 @@ def ps_step_time(workers: int, model_bytes: float, num_servers: int, bandwidth: 
     ``2 alpha + (max(W/S, 1) + 1) N / B``."""
     ingress = ps_server_ingress_bytes(workers, model_bytes, num_servers)
     busiest = max(ingress, float(model_bytes))
-    bw = _positive(bandwidth, "bandwidth")
+    bw = positive_number(bandwidth, "bandwidth")
     if pipelined:
         return 2 * latency + (busiest + model_bytes) / bw
     return 2 * (latency + busiest / bw)
-
-
-def ring_step_time(world: int, model_bytes: float, bandwidth: float,
-                   latency: float = 0.0) -> float:
-    """Seconds of one ring all_reduce: ``2 (p-1) alpha + 2 (p-1)/p N / B``."""
-    p = _positive(world, "world", integer=True)
-    wire = ring_all_reduce_bytes_per_rank(p, model_bytes) / _positive(bandwidth, "bandwidth")
-    return 2 * (p - 1) * latency + wire

@@ -33,7 +33,12 @@ lengths p does not divide, world sizes that are not powers of two), as the tests
 
 Two link classes (a cluster of nodes): ``hierarchical_time``, ``hierarchical_inter_bytes``
 and ``hierarchical_link_bytes`` here; every path's time with the hops that cross nodes
-paying the inter-node link, and the comparison on named clusters, in ``cluster_costs.py``.
+paying the inter-node link, and the comparison on named clusters, in ``cluster.py``.
+
+The algorithms themselves are in ``minidist/collectives/``; ``auto`` chooses among them with
+these formulas, and this module imports only the leaves of that package (``tags``,
+``topology``, ``shared_memory``'s constants), never its API, so either package can be
+imported first.
 """
 
 from __future__ import annotations
@@ -41,10 +46,10 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from ..collectives.shared_memory import _SLOTS_AT, PIECE
+from ..collectives.tags import chunk_bounds
+from ..collectives.topology import group_by_node, node_order
 from ..transports.shm_segment import SCRATCH_SLOT
-from .shared_memory import _SLOTS_AT, PIECE
-from .tags import chunk_bounds
-from .topology import group_by_node, node_order
 
 ALL_REDUCE_PATHS = ("naive", "tree", "ring", "recursive_doubling", "halving_doubling", "shm")
 COLLECTIVES = ("broadcast", "reduce", "reduce_scatter", "all_gather", "gather", "scatter",

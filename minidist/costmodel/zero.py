@@ -7,11 +7,12 @@ fp32 master weights, momentum, variance). Over Nd data-parallel ranks:
     stage 0: (2 + 2 + K) Psi           stage 2: 2 Psi + (2 + K) Psi / Nd
     stage 1: 4 Psi + K Psi / Nd        stage 3: (2 + 2 + K) Psi / Nd
 
-``md.costmodel.zero_memory`` is that table with exact quotients (7.5e9 parameters on 64
-ranks: 120, 31.4, 16.6, 1.9 GB). ``zero_rank_bytes`` below is what ``md.ZeRO`` actually
-holds: any element sizes (the tests train in float64: 8 + 8 + 16 bytes per parameter for
-Adam), and each group padded to a multiple of Nd, so a rank holds ceil(Psi / Nd) elements
-of a sharded part rather than Psi / Nd; the difference is under one padding per group.
+``zero_memory`` (``md.costmodel.zero_memory``) is that table with exact quotients (7.5e9
+parameters on 64 ranks: 120, 31.4, 16.6, 1.9 GB). ``zero_rank_bytes`` is what ``md.ZeRO``
+actually holds: any element sizes (the tests train in float64: 8 + 8 + 16 bytes per
+parameter for Adam), and each group padded to a multiple of Nd, so a rank holds
+ceil(Psi / Nd) elements of a sharded part rather than Psi / Nd; the difference is under one
+padding per group.
 
 Communication per step (section 7): stages 1 and 2 reduce-scatter the gradients and
 all-gather the parameters, (p - 1)/p Psi elements sent per rank each: 2 Psi in all, the
@@ -23,7 +24,54 @@ collectives costs (p - 1) (alpha + Psi / p * bytes * beta) on a ring.
 
 from __future__ import annotations
 
-STAGES = (0, 1, 2, 3)
+import numbers
+
+from .transformer import positive_int
+
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def zero_memory(params, dp: int, stage: int, optimizer_bytes=12, param_bytes=2,
+                grad_bytes=2) -> dict[str, float]:
+    """Bytes of model state per rank in mixed-precision training with ZeRO (Rajbhandari et
+    al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", SC 2020,
+    Figure 1 and section 5).
+
+    With Psi parameters: 2 Psi bytes of fp16 parameters, 2 Psi of fp16 gradients and
+    K Psi of optimizer states (K = 12 for mixed-precision Adam: fp32 master weights,
+    momentum and variance, 4 + 4 + 4 bytes). Over Nd data-parallel ranks, ZeRO shards:
+
+    | stage | params | grads | optimizer | total |
+    | --- | --- | --- | --- | --- |
+    | 0 (plain data parallel) | 2 Psi | 2 Psi | K Psi | (2 + 2 + K) Psi |
+    | 1 (P_os) | 2 Psi | 2 Psi | K Psi / Nd | 4 Psi + K Psi / Nd |
+    | 2 (P_os+g) | 2 Psi | 2 Psi / Nd | K Psi / Nd | 2 Psi + (2 + K) Psi / Nd |
+    | 3 (P_os+g+p) | 2 Psi / Nd | 2 Psi / Nd | K Psi / Nd | (2 + 2 + K) Psi / Nd |
+
+    The paper's example, Psi = 7.5e9, Nd = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB.
+    Returns {"params", "grads", "optimizer", "total"} in bytes (exact quotients; a real
+    rank pads its shard to a whole element, as ``md.ZeRO`` does). Activations, buffers and
+    fragmentation are not included. ``param_bytes`` and ``grad_bytes`` (2: fp16) change the
+    2s of the table: plain fp32 training is param_bytes = grad_bytes = 4 with K = 8 (Adam's
+    momentum and variance, the parameters being their own master copy).
+    """
+    if isinstance(params, bool) or not isinstance(params, numbers.Real) or params <= 0:
+        raise ValueError(f"params must be a positive number of parameters, got {params!r}")
+    nd = positive_int(dp, "dp (the number of data-parallel ranks)")
+    if isinstance(stage, bool) or stage not in ZERO_STAGES:
+        raise ValueError(f"stage must be one of 0, 1, 2, 3 (ZeRO's stages), got {stage!r}")
+    if isinstance(optimizer_bytes, bool) or not isinstance(optimizer_bytes, numbers.Real) \
+            or optimizer_bytes < 0:
+        raise ValueError(f"optimizer_bytes (K, bytes of optimizer state per parameter) must "
+                         f"be >= 0, got {optimizer_bytes!r}")
+    for name, value in (("param_bytes", param_bytes), ("grad_bytes", grad_bytes)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0:
+            raise ValueError(f"{name} must be a positive number of bytes, got {value!r}")
+    out = {"params": float(param_bytes) * params / (nd if stage >= 3 else 1),
+           "grads": float(grad_bytes) * params / (nd if stage >= 2 else 1),
+           "optimizer": float(optimizer_bytes) * params / (nd if stage >= 1 else 1)}
+    out["total"] = out["params"] + out["grads"] + out["optimizer"]
+    return out
 
 
 def shard_numel(numel: int, dp: int) -> int:
@@ -38,7 +86,7 @@ def zero_rank_bytes(group_numels: list[int], dp: int, stage: int, param_bytes: i
     units for stage 3), each padded to a multiple of ``dp``. ``optimizer_bytes`` is the
     per-element state (K): 12 for mixed-precision Adam, 2 x 8 for float64 Adam, 8 for
     float64 SGD with momentum. Returns {"params", "grads", "optimizer", "total"}."""
-    if stage not in STAGES:
+    if stage not in ZERO_STAGES:
         raise ValueError(f"stage must be one of 0, 1, 2, 3, got {stage!r}")
     padded = sum(shard_numel(n, dp) * dp for n in group_numels)
     shard = padded // dp
@@ -53,7 +101,7 @@ def collectives_per_step(stage: int, root: bool = False) -> dict[str, int]:
     """How many times each group crosses the network per step: stage 0 all-reduces (counted
     as a reduce-scatter plus an all-gather, as a ring does it); stages 1 and 2 reduce-scatter
     and all-gather once; stage 3 all-gathers twice, except the ``root`` unit, once."""
-    if stage not in STAGES:
+    if stage not in ZERO_STAGES:
         raise ValueError(f"stage must be one of 0, 1, 2, 3, got {stage!r}")
     gathers = 2 if stage == 3 and not root else 1
     return {"reduce_scatter": 1, "all_gather": gathers}
@@ -76,6 +124,6 @@ def zero_step_time(numel: int, dp: int, stage: int, alpha: float, beta: float,
     """Seconds of communication per step on a ring, alpha-beta model: each collective is
     (p - 1) steps of one shard, (p - 1) (alpha + ceil(Psi / p) * bytes * beta). Here
     ``beta`` is seconds per byte (Hockney's form: pass ``1 / link.bandwidth``), not the
-    bytes per second that ``collectives.costs.time`` takes."""
+    bytes per second that ``collectives.time`` takes."""
     calls = sum(collectives_per_step(stage).values())
     return calls * (dp - 1) * (alpha + shard_numel(numel, dp) * elem_bytes * beta)
