@@ -304,8 +304,11 @@ def test_feedback_for_exercise_04(quick_deadlocks):
 
 
 def test_exercise_04_reference_is_the_library_schedule():
-    from minidist.grading.checks.pipeline import CASES, schedule_problem
-    from minidist.grading.checks.pipeline_probe import reference_1f1b, reference_gpipe
+    from minidist.grading.exercises.ex04_pipeline_parallel.ranks import (
+        reference_1f1b,
+        reference_gpipe,
+    )
+    from minidist.grading.exercises.ex04_pipeline_parallel.schedule import CASES, schedule_problem
 
     for p, m in CASES:
         assert [reference_1f1b(r, p, m) for r in range(p)] == md.pipeline.actions("1f1b", p, m)
@@ -351,8 +354,8 @@ def test_feedback_for_exercise_06():
 
 
 def test_exercise_06_reference_is_the_library_layout():
-    from minidist.grading.checks.zero_probe import optimizer_problem, padding_text
-    from minidist.grading.checks.zero_sharding import BOUNDS_CASES
+    from minidist.grading.exercises.ex06_zero_sharding.checks import BOUNDS_CASES
+    from minidist.grading.exercises.ex06_zero_sharding.ranks import optimizer_problem, padding_text
     from minidist.parallel.zero import FlatShards
 
     for n, p in BOUNDS_CASES:
@@ -396,8 +399,15 @@ def test_feedback_for_exercise_07():
 
 
 def test_exercise_07_reference_is_torch_layout_and_the_library_mesh():
-    from minidist.grading.checks.hybrid import COORD_SHAPES, GROUP_CASES, SYNC_CASES
-    from minidist.grading.checks.mesh_probe import reference_coords, reference_groups
+    from minidist.grading.exercises.ex07_hybrid_parallelism.checks import (
+        COORD_SHAPES,
+        GROUP_CASES,
+        SYNC_CASES,
+    )
+    from minidist.grading.exercises.ex07_hybrid_parallelism.ranks import (
+        reference_coords,
+        reference_groups,
+    )
     from minidist.parallel import mesh
 
     shapes = COORD_SHAPES + [s for cases in (GROUP_CASES, SYNC_CASES)

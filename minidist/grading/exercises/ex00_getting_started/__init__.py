@@ -5,17 +5,13 @@ sweep, by relative least squares) and ``predict_transfer_time`` (alpha + n / bet
 
 from ...engine.sandbox import COLLECTIVES, FIT, PREDICT, SENDRECV
 from ...engine.spec import Exercise, GradedTest
-from .checks import (
-    check_fit_alpha_beta,
-    check_ping_pong,
-    check_predict_transfer_time,
-    check_ring_shift,
-)
+from . import checks
 
 EXERCISE = Exercise("00_getting_started", (
-    GradedTest("test_ring_shift", 2, ("ring_shift",), check_ring_shift, (COLLECTIVES, SENDRECV)),
-    GradedTest("test_ping_pong", 3, ("ping_pong",), check_ping_pong, (COLLECTIVES,)),
-    GradedTest("test_fit_alpha_beta", 2, ("fit_alpha_beta",), check_fit_alpha_beta, (FIT,)),
+    GradedTest("test_ring_shift", 2, ("ring_shift",), checks.check_ring_shift,
+               (COLLECTIVES, SENDRECV)),
+    GradedTest("test_ping_pong", 3, ("ping_pong",), checks.check_ping_pong, (COLLECTIVES,)),
+    GradedTest("test_fit_alpha_beta", 2, ("fit_alpha_beta",), checks.check_fit_alpha_beta, (FIT,)),
     GradedTest("test_predict_transfer_time", 1, ("predict_transfer_time",),
-               check_predict_transfer_time, (PREDICT,)),
+               checks.check_predict_transfer_time, (PREDICT,)),
 ))

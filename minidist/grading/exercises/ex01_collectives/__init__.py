@@ -8,23 +8,17 @@ Rabenseifner 2004). minidist's and torch's collectives are out of reach while th
 
 from ...engine.sandbox import COLLECTIVES
 from ...engine.spec import Exercise, GradedTest
-from .checks import (
-    check_halving_doubling_all_reduce,
-    check_naive_all_reduce,
-    check_ring_all_gather,
-    check_ring_all_reduce,
-    check_ring_reduce_scatter,
-)
+from . import checks
 
 EXERCISE = Exercise("01_collectives", (
-    GradedTest("test_naive_all_reduce", 2, ("naive_all_reduce",), check_naive_all_reduce,
+    GradedTest("test_naive_all_reduce", 2, ("naive_all_reduce",), checks.check_naive_all_reduce,
                (COLLECTIVES,)),
     GradedTest("test_ring_reduce_scatter", 3, ("ring_reduce_scatter",),
-               check_ring_reduce_scatter, (COLLECTIVES,)),
-    GradedTest("test_ring_all_gather", 2, ("ring_all_gather",), check_ring_all_gather,
+               checks.check_ring_reduce_scatter, (COLLECTIVES,)),
+    GradedTest("test_ring_all_gather", 2, ("ring_all_gather",), checks.check_ring_all_gather,
                (COLLECTIVES,)),
-    GradedTest("test_ring_all_reduce", 3, ("ring_all_reduce",), check_ring_all_reduce,
+    GradedTest("test_ring_all_reduce", 3, ("ring_all_reduce",), checks.check_ring_all_reduce,
                (COLLECTIVES,)),
     GradedTest("test_halving_doubling_all_reduce", 3, ("halving_doubling_all_reduce",),
-               check_halving_doubling_all_reduce, (COLLECTIVES,), part="stretch"),
+               checks.check_halving_doubling_all_reduce, (COLLECTIVES,), part="stretch"),
 ))

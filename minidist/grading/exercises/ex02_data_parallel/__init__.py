@@ -1,7 +1,7 @@
 """Exercise 02, data parallelism by hand: the sampler's shards and DDP's bucket assignment
-(``checks.py``), and the stages of its mechanism, a hook per parameter, buckets reduced in
-order as soon as they are ready, and the same buckets reduced on a thread while backward
-goes on (``stages.py``, the last one the stretch part).
+and the stages of its mechanism, a hook per parameter, buckets reduced in order as soon as
+they are ready, and the same buckets reduced on a thread while backward goes on (the last
+one the stretch part).
 
 References are the real systems: ``torch.utils.data.DistributedSampler`` for the shards,
 the bucket assignment of ``md.DistributedDataParallel``
@@ -11,18 +11,16 @@ whole batch for the stages."""
 
 from ...engine.sandbox import BUCKETS, DATA_PARALLEL, SAMPLER
 from ...engine.spec import Exercise, GradedTest
-from .checks import check_assign_buckets, check_shard_indices
-from .ranks import NAMES
-from .stages import check_allreduce_hooks, check_bucket_hooks, check_overlapped_hooks
+from . import checks, ranks
 
 EXERCISE = Exercise("02_data_parallel", (
-    GradedTest("test_shard_indices", 2, ("shard_indices",), check_shard_indices, (SAMPLER,)),
-    GradedTest("test_register_allreduce_hooks", 3, (NAMES["hooks"],), check_allreduce_hooks,
-               (DATA_PARALLEL,)),
-    GradedTest("test_assign_buckets", 2, ("assign_buckets",), check_assign_buckets,
+    GradedTest("test_shard_indices", 2, ("shard_indices",), checks.check_shard_indices, (SAMPLER,)),
+    GradedTest("test_register_allreduce_hooks", 3, (ranks.NAMES["hooks"],),
+               checks.check_allreduce_hooks, (DATA_PARALLEL,)),
+    GradedTest("test_assign_buckets", 2, ("assign_buckets",), checks.check_assign_buckets,
                (BUCKETS,)),
-    GradedTest("test_register_bucket_hooks", 4, (NAMES["buckets"],), check_bucket_hooks,
-               (DATA_PARALLEL,)),
-    GradedTest("test_register_overlapped_hooks", 3, (NAMES["overlap"],),
-               check_overlapped_hooks, (DATA_PARALLEL,), part="stretch"),
+    GradedTest("test_register_bucket_hooks", 4, (ranks.NAMES["buckets"],),
+               checks.check_bucket_hooks, (DATA_PARALLEL,)),
+    GradedTest("test_register_overlapped_hooks", 3, (ranks.NAMES["overlap"],),
+               checks.check_overlapped_hooks, (DATA_PARALLEL,), part="stretch"),
 ))

@@ -1,6 +1,6 @@
-"""What runs on each rank in exercise 02's stage tests (``stages.py``): the model, the data,
-and a :class:`Recorder` of every ``md.all_reduce`` call the learner's hooks make; and the
-sampler test's reference, torch's own ``DistributedSampler``.
+"""What runs on each rank in exercise 02's stage tests: the model, the data, and a
+:class:`Recorder` of every ``md.all_reduce`` call the learner's hooks make; and the sampler
+test's reference, torch's own ``DistributedSampler``.
 
 The recorder makes the timing questions deterministic instead of racing the clock:
 

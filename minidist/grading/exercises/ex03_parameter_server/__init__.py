@@ -13,11 +13,11 @@ point-to-point messages).
 
 from ...engine.sandbox import COLLECTIVES, PARAM_SERVER, SENDRECV
 from ...engine.spec import Exercise, GradedTest
-from .checks import check_ssp_admits, check_ssp_serve, check_sync_step
+from . import checks
 
 RULES = (PARAM_SERVER, COLLECTIVES, SENDRECV)
 EXERCISE = Exercise("03_parameter_server", (
-    GradedTest("test_sync_step", 4, ("sync_step",), check_sync_step, RULES),
-    GradedTest("test_ssp_admits", 2, ("ssp_admits",), check_ssp_admits, RULES),
-    GradedTest("test_ssp_serve", 4, ("ssp_serve",), check_ssp_serve, RULES, part="stretch"),
+    GradedTest("test_sync_step", 4, ("sync_step",), checks.check_sync_step, RULES),
+    GradedTest("test_ssp_admits", 2, ("ssp_admits",), checks.check_ssp_admits, RULES),
+    GradedTest("test_ssp_serve", 4, ("ssp_serve",), checks.check_ssp_serve, RULES, part="stretch"),
 ))

@@ -9,16 +9,16 @@ group per row of ``mesh.swapdims(-1, d).reshape(-1, size_d)`` along dimension d 
 On each rank, :func:`groups_case` calls the learner's ``mesh_groups`` and has every group it
 returned all-reduce a one-hot vector of the global rank: the sum says which ranks the group
 really holds. :func:`sync_case` hands the learner's ``sync_gradients`` groups built by the
-grader and gradients whose every value says which rank it came from (``harness.pattern``).
+grader and gradients whose every value says which rank it came from (``engine.data.pattern``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ...collectives import all_reduce
-from ...comm import Communicator
-from ..engine.data import pattern
+from ....collectives import all_reduce
+from ....comm import Communicator
+from ...engine.data import pattern
 
 Shape = dict[str, int]
 
@@ -118,3 +118,10 @@ def sync_case(comm, namespace, shape: Shape) -> dict:
     else:
         returned = None
     return {"grads": [g.detach().clone() for g in grads], "returned": returned}
+
+
+def expected_grads(rank: int, shape: dict) -> list[torch.Tensor]:
+    """The oracle: rank ``rank``'s gradients averaged over its dp group."""
+    world, dp = reference_mesh(shape).numel(), reference_group(rank, shape, "dp")
+    return [sum(g[j] for g in (grads_of(r, world) for r in dp)) / len(dp)
+            for j in range(len(grads_of(0, world)))]

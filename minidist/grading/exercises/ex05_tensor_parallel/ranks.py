@@ -1,6 +1,6 @@
-"""What runs on each rank in exercise 05's tests (``tensor_parallel.py``): the test MLP, its
-data, its reference shards, and a record of every collective the learner's code calls and
-whether forward or backward called it (``Calls``, through ``sandbox.observe``, so however
+"""What runs on each rank in exercise 05's tests: the test MLP, its data, its reference
+shards, and a record of every collective the learner's code calls and whether forward or
+backward called it (``Calls``, through ``sandbox.observe``, so however
 the learner imported ``md.all_reduce``).
 
 Everything is float64 and drawn from fixed generators, so the grader's process rebuilds the
@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...collectives import api
-from ..engine.data import pattern
-from ..engine.sandbox import observe
+from ....collectives import api
+from ...engine.data import pattern
+from ...engine.sandbox import observe
 
 H, HIDDEN, BATCH, SEQ = 8, 32, 2, 3  # the MLP: h -> 4h -> h on a (batch, seq, h) input
 POSITIONS, VOCAB = 12, 32  # the cross-entropy: 12 positions over 32 words

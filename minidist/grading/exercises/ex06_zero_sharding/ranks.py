@@ -1,6 +1,6 @@
-"""What runs on each rank in exercise 06's tests (``zero_sharding.py``): the test data, the
-optimizers, and one case on one rank for the learner's ``zero1_step`` (:func:`step_case`) and
-``reduce_bucket`` (:func:`bucket_case`).
+"""What runs on each rank in exercise 06's tests: the test data, the optimizers, and one case
+on one rank for the learner's ``zero1_step`` (:func:`step_case`) and ``reduce_bucket``
+(:func:`bucket_case`); and what a rank's optimizer covering the wrong elements says.
 
 The optimizer reaches the learner's step through a factory, :class:`OptimizerLog`, which
 records how many elements each optimizer it builds covers: that is how the test sees what a
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from ...collectives import api
-from ...errors import CommTimeout
-from ..engine.sandbox import observe
+from ....collectives import api
+from ....errors import CommTimeout
+from ...engine.sandbox import observe
 
 STEPS = 3  # optimizer steps per case: momentum and Adam's moments must carry over
 OPTIMIZERS = {  # name -> (description, factory over a list of tensors)

@@ -1,35 +1,21 @@
-"""Tests of exercise 06: ZeRO stage 1 by hand (Rajbhandari et al., "ZeRO: Memory
-Optimizations Toward Training Trillion Parameter Models", SC 2020).
-
-``shard_bounds`` is judged against the layout of ``md.ZeRO`` (``FlatShards``: the flat vector
-padded with zeros to a multiple of p, cut into p equal shards). ``zero1_step`` runs in
-launched worlds of 1 to 4 ranks, on vectors whose size does not divide by the world size,
-for three steps of SGD with momentum and of AdamW, against one process that steps the whole
-vector with the averaged gradient (float64). Before the values, the test looks at what each
-rank built its optimizer over (``zero_probe.OptimizerLog``): the point of stage 1 is that a
-rank keeps optimizer state for its shard only. The stretch, ``reduce_bucket``, is stage 2's
-reduction of one gradient bucket into the shards that own its elements (DeepSpeed's stage 2
-reduces each piece to its owner), judged over two backward passes of several buckets.
-``minidist.parallel.zero``, torch's ``ZeroRedundancyOptimizer`` and process groups (so
-``fully_shard``) are out of reach (``sandbox.ZERO``).
-"""
+"""Exercise 06's tests: the shard boundaries against ``md.ZeRO``'s layout, stage 1's step
+against one process stepping the whole vector with the averaged gradient, and (stretch) the
+gradient shards stage 2's bucket reduction leaves on each rank."""
 
 from __future__ import annotations
 
 import torch
 
-from ..engine.compare import compare
-from ..engine.feedback import Mistake
-from ..engine.sandbox import ZERO
-from ..engine.spec import GradedTest
-from .zero_probe import (
+from ...engine.compare import close, compare
+from ...engine.feedback import Mistake
+from .mistakes import TOLERANCE, bounds_hint, bucket_mistake, step_mistake, unequal_hint
+from .ranks import (
     BUCKET_PASSES,
     OPTIMIZERS,
     STEPS,
     bucket_case,
     initial_params,
     optimizer_problem,
-    padding_text,
     rank_grad,
     shard_numel,
     step_case,
@@ -55,7 +41,7 @@ def check_shard_bounds(learner) -> str:
         for r in range(p):
             if got[r] != (r * s, (r + 1) * s):
                 raise Mistake(f"shard_bounds({n}, {r}, {p}) returned {got[r]}, expected "
-                              f"{(r * s, (r + 1) * s)}: {_bounds_hint(got, n, p, r)}")
+                              f"{(r * s, (r + 1) * s)}: {bounds_hint(got, n, p, r)}")
     return (f"the shards of md.ZeRO's padded flat layout in {len(BOUNDS_CASES)} cases, "
             "1 to 8 ranks")
 
@@ -67,19 +53,6 @@ def _pair(value, n, r, p) -> tuple[int, int]:
         raise Mistake(f"shard_bounds({n}, {r}, {p}) returned {value!r:.60}, expected a pair "
                       "(start, end) of ints")
     return int(value[0]), int(value[1])
-
-
-def _bounds_hint(got, n, p, r) -> str:
-    s = shard_numel(n, p)
-    lengths = [b - a for a, b in got]
-    if any(k != s for k in lengths) and got[-1][1] == n and got[0][0] == 0:
-        return (f"the shard boundaries ignore padding: {padding_text(n, p)}. Your shards hold "
-                f"{lengths} elements; reduce_scatter and all_gather move equal pieces, so pad "
-                f"the vector with zeros to p * ceil(n / p) = {s * p} elements and cut that")
-    if any(k != s for k in lengths):
-        return (f"every shard has ceil(numel / world_size) = {s} elements, yours have "
-                f"{lengths}: {padding_text(n, p)}")
-    return f"rank r's shard is [r * {s}, (r + 1) * {s}) of the padded vector"
 
 
 # -- part 2: stage 1's step ---------------------------------------------------------------------
@@ -99,32 +72,24 @@ def reference(numel: int, p: int, optimizer: str, grads: str = "avg") -> list[to
     return out
 
 
+def _step_label(p: int, n: int, opt: str) -> str:
+    return f"world_size={p}, {n} parameters, {OPTIMIZERS[opt][0]}"
+
+
+def _unequal(text: str, p: int, cases, labels) -> str:
+    return f"{text}{unequal_hint(text, p, cases, labels)}"
+
+
 def check_zero1_step(learner) -> str:
-    for p in sorted(STEP_CASES, reverse=True):
-        labels = [f"world_size={p}, {n} parameters, {OPTIMIZERS[o][0]}"
-                  for n, o in STEP_CASES[p]]
-        try:
-            ranks = learner.run_ranks(step_case, p, STEP_CASES[p], "zero1_step", labels)
-        except Mistake as e:
-            raise Mistake(f"{e}{_unequal_hint(str(e), STEP_CASES[p], labels, p)}") from None
-        for k, ((n, opt), label) in enumerate(zip(STEP_CASES[p], labels)):
-            got = [ranks[r][k]["value"] for r in range(p)]
-            _check_optimizers(got, n, p, label)
-            _check_same_everywhere(got, n, p, opt, label)
-            _check_values(got[0]["history"], n, p, opt, label)
+    for p, (n, opt), label, results in learner.each_world(step_case, "zero1_step", STEP_CASES,
+                                                          _step_label, _unequal):
+        got = [r["value"] for r in results]
+        _check_optimizers(got, n, p, label)
+        _check_same_everywhere(got, n, p, opt, label)
+        _check_values(got[0]["history"], n, p, opt, label)
     return ("one process's parameters after 3 steps of SGD with momentum and of AdamW on 1 to "
             "4 ranks, sizes that do not divide by the world size; each rank's optimizer over "
             "its shard only")
-
-
-def _unequal_hint(text: str, cases, labels, p: int) -> str:
-    """A hint when the ranks all-gathered (or reduce-scattered) pieces of unequal sizes."""
-    case = next((c for c, label in zip(cases, labels) if f"with {label}:" in text), None)
-    if case is None or "CollectiveMismatchError" not in text or "shard boundaries" in text:
-        return ""
-    return (f"\nThe ranks' pieces differ in size: {padding_text(case[0], p)}. Pad the vector "
-            "with zeros to a multiple of world_size, so that every shard (and every piece "
-            "the collectives move) has the same length")
 
 
 def _check_optimizers(got, n, p, label) -> None:
@@ -167,21 +132,15 @@ def _check_values(history, n, p, opt, label) -> None:
         if step == 0 and torch.equal(h, start):
             raise Mistake(f"{at} the parameters did not change: update params in place "
                           "(params.copy_(...)); the caller keeps that tensor")
-        for grads, text in (("sum", "gradients summed over the ranks, not averaged: "
-                                    "divide the sum by world_size (op=\"avg\")"),
-                            ("own", "each shard stepped with its owner's own gradient: "
-                                    "average the gradients over all ranks first "
-                                    "(md.reduce_scatter with op=\"avg\")")):
-            if p > 1 and _close(h, reference(n, p, opt, grads)[step]):
-                raise Mistake(f"{at} the parameters are those of {text}")
+        mistake = step_mistake(h, step, p, lambda grads: reference(n, p, opt, grads))
+        if mistake:
+            raise Mistake(f"{at} the parameters are those of {mistake}")
         raise Mistake(f"{at}: {compare(h, w, 'the parameters')} (one process stepping the "
                       "whole vector with the averaged gradient)")
 
 
 def _close(got, want) -> bool:
-    """Equal to float64 rounding: the ranks sum the gradients in another order."""
-    return isinstance(got, torch.Tensor) and got.shape == want.shape and \
-        torch.allclose(got.double(), want, rtol=1e-10, atol=1e-12)
+    return close(got, want, TOLERANCE)
 
 
 # -- stretch: stage 2's reduction of a bucket ----------------------------------------------------
@@ -198,21 +157,22 @@ def bucket_reference(numel, p, buckets, rank, passes=BUCKET_PASSES, scale=None) 
     return out[rank * s:(rank + 1) * s]
 
 
+def _bucket_label(p: int, n: int, buckets) -> str:
+    return (f"world_size={p}, {n} parameters (shards of {shard_numel(n, p)}), buckets "
+            f"{buckets} in that order, {BUCKET_PASSES} backward passes")
+
+
 def check_reduce_bucket(learner) -> str:
-    for p in sorted(BUCKET_CASES, reverse=True):
-        labels = [f"world_size={p}, {n} parameters (shards of {shard_numel(n, p)}), buckets "
-                  f"{b} in that order, {BUCKET_PASSES} backward passes"
-                  for n, b in BUCKET_CASES[p]]
-        ranks = learner.run_ranks(bucket_case, p, BUCKET_CASES[p], "reduce_bucket", labels)
-        for k, ((n, buckets), label) in enumerate(zip(BUCKET_CASES[p], labels)):
-            for r in range(p):
-                _check_shard(ranks[r][k]["value"], n, p, buckets, r, label)
-            calls = ranks[0][k]["value"]["all_reduces"]
-            if calls and p > 1:
-                raise Mistake(f"with {label}: reduce_bucket called md.all_reduce ({calls} "
-                              "time(s)): then every rank holds the averaged gradient of the "
-                              "whole bucket, the memory stage 2 is there to save. Reduce each "
-                              "rank's piece to that rank only (md.reduce with dst=owner)")
+    for p, (n, buckets), label, results in learner.each_world(
+            bucket_case, "reduce_bucket", BUCKET_CASES, _bucket_label):
+        for r in range(p):
+            _check_shard(results[r]["value"], n, p, buckets, r, label)
+        calls = results[0]["value"]["all_reduces"]
+        if calls and p > 1:
+            raise Mistake(f"with {label}: reduce_bucket called md.all_reduce ({calls} "
+                          "time(s)): then every rank holds the averaged gradient of the "
+                          "whole bucket, the memory stage 2 is there to save. Reduce each "
+                          "rank's piece to that rank only (md.reduce with dst=owner)")
     return ("every rank's gradient shard the average over the ranks, accumulated over two "
             "backward passes of buckets that cross shard boundaries, 1 to 4 ranks")
 
@@ -223,23 +183,12 @@ def _check_shard(value, n, p, buckets, r, label) -> None:
     if _close(got, want):
         return
     at = f"with {label}: rank {r}'s gradient shard (flat elements [{r * s}, {(r + 1) * s}))"
-    for other, text in ((bucket_reference(n, p, buckets, r, scale=1),
-                         "the sum over the ranks, not the average: divide by world_size"),
-                        (bucket_reference(n, p, buckets, r, passes=1),
-                         "the last backward pass's gradient only: add into grad_shard, the "
-                         "passes accumulate")):
-        if p > 1 and _close(got, other):
-            raise Mistake(f"{at} holds {text}")
+    mistake = bucket_mistake(got, p, lambda **kw: bucket_reference(n, p, buckets, r, **kw))
+    if mistake:
+        raise Mistake(f"{at} holds {mistake}")
     problem = compare(got, want, "grad_shard").split(": ", 1)[1]
     raise Mistake(f"{at}: {problem}. Element i of grad_shard is flat element {r * s} + i: the "
                   "piece of the bucket [lo, lo + len(bucket_grad)) that falls inside "
                   f"[{r * s}, {(r + 1) * s}) goes to rank {r}, into "
                   f"grad_shard[start - {r * s}:end - {r * s}]")
 
-
-TESTS = [  # in notebook order
-    GradedTest("test_shard_bounds", 2, ("shard_bounds",), check_shard_bounds, rules=(ZERO,)),
-    GradedTest("test_zero1_step", 6, ("zero1_step",), check_zero1_step, rules=(ZERO,)),
-    GradedTest("test_reduce_bucket", 3, ("reduce_bucket",), check_reduce_bucket,
-               rules=(ZERO,), part="stretch"),
-]

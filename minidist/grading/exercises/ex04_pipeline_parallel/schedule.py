@@ -1,8 +1,7 @@
-"""Tests of exercise 04: one stage's 1F1B action list (here), judged by running every
-stage's list against the others, and a stage's sends and receives of activations and
-gradients (``pipeline_stages.py``), judged against one process on the whole batch.
+"""Exercise 04's schedule test: one stage's 1F1B action list, judged by running every
+stage's list against the others.
 
-The schedule test calls the learner's ``one_f_one_b(rank, stages, microbatches)`` for every
+The test calls the learner's ``one_f_one_b(rank, stages, microbatches)`` for every
 rank of a pipeline and simulates the lists together, as the runtime would run them: stage r
 may run ``("F", i)`` once stage r - 1 has run ``("F", i)`` (the activation has arrived) and
 ``("B", i)`` once stage r + 1 has run ``("B", i)`` (the gradient has arrived); sends never
@@ -11,8 +10,8 @@ deadlock-free, in one order on every stage (messages arrive in the order they ar
 within 1F1B's memory bound (at most min(p - r, m) micro-batches in flight on stage r), with
 its warm-up (p - r - 1 forwards before the steady phase), and in the end 1F1B itself
 (PipeDream-Flush, Narayanan et al., "Memory-Efficient Pipeline-Parallel DNN Training",
-ICML 2021). The simulator and the reference schedule (``pipeline_probe.reference_1f1b``)
-are the grader's own, an oracle independent of ``md.pipeline``.
+ICML 2021). The simulator and the reference schedule (``ranks.reference_1f1b``) are the
+grader's own, an oracle independent of ``md.pipeline``.
 """
 
 from __future__ import annotations
@@ -20,12 +19,10 @@ from __future__ import annotations
 import numbers
 from collections import Counter
 
-from ..engine.feedback import Mistake, describe_remote
-from ..engine.isolation import RemoteError, error_to_plain
-from ..engine.sandbox import PIPELINE
-from ..engine.spec import GradedTest
-from .pipeline_probe import reference_1f1b
-from .pipeline_stages import TESTS as STAGES
+from ...engine.feedback import Mistake, describe_remote
+from ...engine.isolation import RemoteError
+from ...engine.learner import each_call
+from .ranks import reference_1f1b
 
 Action = tuple[str, int]
 CASES = [(4, 8), (2, 5), (3, 7), (4, 3), (3, 3), (2, 2), (2, 1), (3, 2), (5, 9), (5, 2),
@@ -34,7 +31,7 @@ CASES = [(4, 8), (2, 5), (3, 7), (4, 3), (3, 3), (2, 2), (2, 1), (3, 2), (5, 9),
 
 def check_one_f_one_b(learner) -> str:
     calls = [(r, p, m) for p, m in CASES for r in range(p)]
-    results = iter(learner.call(_refused_calls, calls, name="one_f_one_b"))
+    results = iter(learner.call(each_call, "one_f_one_b", calls, name="one_f_one_b"))
     for p, m in CASES:
         lists = [_as_actions(_value(next(results), r, p, m), r, p, m) for r in range(p)]
         problem = schedule_problem(lists, m)
@@ -42,19 +39,6 @@ def check_one_f_one_b(learner) -> str:
             raise Mistake(f"with stages={p}, microbatches={m}: {problem}")
     return (f"deadlock-free, complete, within 1F1B's memory bound and 1F1B's order on every "
             f"stage, in {len(CASES)} pipelines of 1 to 8 stages and 1 to 16 micro-batches")
-
-
-def _refused_calls(namespace, calls) -> list:
-    """In the child (where the sandbox's PIPELINE rule holds): every call, each as
-    ("ok", result) or ("error", the exception as plain data), up to the first error."""
-    fn, out = namespace["one_f_one_b"], []
-    for args in calls:
-        try:
-            out.append(("ok", fn(*args)))
-        except Exception as e:
-            out.append(("error", error_to_plain(e)))
-            break
-    return out
 
 
 def _value(result, r: int, p: int, m: int):
@@ -243,8 +227,3 @@ def _is_1f1b(lists, m) -> str | None:
                     "oldest first")
     return None
 
-
-TESTS = [  # in notebook order
-    GradedTest("test_one_f_one_b", 4, ("one_f_one_b",), check_one_f_one_b, rules=(PIPELINE,)),
-    *STAGES,  # forward_step, backward_step, pipeline_step (stretch)
-]

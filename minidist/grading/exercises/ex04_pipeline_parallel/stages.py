@@ -1,27 +1,26 @@
-"""Tests of exercise 04's stage functions: ``forward_step`` (receive the activation from
-rank - 1, run the stage's module, send the output to rank + 1), ``backward_step`` (receive
-the output's gradient from rank + 1, run backward, send the input's gradient to rank - 1)
-and the stretch part, ``pipeline_step`` (a whole step of one stage from an action list:
-micro-batches, the loss's scale, waiting for the sends).
+"""Exercise 04's stage tests: ``forward_step`` (receive the activation from rank - 1, run the
+stage's module, send the output to rank + 1), ``backward_step`` (receive the output's
+gradient from rank + 1, run backward, send the input's gradient to rank - 1) and the stretch
+part, ``pipeline_step`` (a whole step of one stage from an action list: micro-batches, the
+loss's scale, waiting for the sends).
 
 Each runs in pipelines of 2, 3 and 4 ranks on 1F1B's and GPipe's action lists, with 1 to 4
 micro-batches (fewer than the stages too); the first two are paired with the test's own
-other half, whose sends block (``pipeline_probe.py``). The reference is one process running
-the whole model on the whole batch in float64: every stage's input and output, the gradient
-it sends back and its parameters' gradients. Every message the learner's steps send or
-receive goes through ``pipeline_probe.StageComm``, which names a message to or from the
-wrong neighbour when it happens. ``md.pipeline``'s schedules and runtime are out of reach.
+other half, whose sends block (``ranks.py``). The reference is one process running the
+whole model on the whole batch in float64: every stage's input and output, the gradient it
+sends back and its parameters' gradients. Every message the learner's steps send or receive
+goes through ``ranks.StageComm``, which names a message to or from the wrong neighbour when
+it happens. ``md.pipeline``'s schedules and runtime are out of reach.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..engine.compare import compare
-from ..engine.feedback import Mistake
-from ..engine.sandbox import PIPELINE
-from ..engine.spec import GradedTest
-from .pipeline_probe import batch, loss_fn, stage_case, stage_module
+from ...engine.compare import compare
+from ...engine.feedback import Mistake
+from .mistakes import SEND_HINT, scale_hint
+from .ranks import SCHEDULES, batch, loss_fn, stage_case, stage_module
 
 WORLD_SIZES = (2, 3, 4)
 BATCH, UNEVEN = 6, 10  # samples per batch: even micro-batches; 3, 3, 2, 2 for m = 4
@@ -31,11 +30,6 @@ CASES = {  # part -> (schedule, microbatches, batch)
     "step": [("1f1b", 4, UNEVEN), ("gpipe", 3, UNEVEN), ("1f1b", 2, BATCH)],
 }
 NAMES = {"forward": "forward_step", "backward": "backward_step", "step": "pipeline_step"}
-SEND_HINT = (
-    "\nIn a pipeline, neighbours send to each other: stage r sends activations to r + 1 while "
-    "r + 1 sends gradients to r. With comm.send (which returns only once the message is "
-    "received) both can wait in their sends at once. Send with comm.isend, append the "
-    "request to pending and return: the step waits for every request at its end.")
 
 
 def oracle(p: int, n: int, m: int, weights: list[float] | None = None) -> list[dict]:
@@ -56,27 +50,27 @@ def oracle(p: int, n: int, m: int, weights: list[float] | None = None) -> list[d
     loss = sum(w * loss_fn(o, t) for w, o, t in zip(weights, h.tensor_split(m), ys))
     loss.backward()
     return [{"inputs": inp.detach(), "outs": out.detach(), "in_grads": inp.grad,
-             "out_grads": out.grad, "grads": _grads(module), "loss": float(loss.detach())}
+             "out_grads": out.grad, "grads": {name: q.grad for name, q in
+                                              module.named_parameters()},
+             "loss": float(loss.detach())}
             for (inp, out), module in zip(seen, modules)]
 
 
-def _grads(module) -> dict:
-    return {name: q.grad for name, q in module.named_parameters()}
+def _label(p: int, part: str, schedule: str, m: int, n: int) -> str:
+    return f"stages={p}, {schedule} schedule, microbatches={m}, batch of {n}"
+
+
+def _send_hint(text: str, *_) -> str:
+    return text + SEND_HINT if "waits in send to" in text else text
 
 
 def _run(learner, part: str):
-    """Every world size's results, with the oracle of each case."""
-    for p in WORLD_SIZES:
-        labels = [f"stages={p}, {s} schedule, microbatches={m}, batch of {n}"
-                  for s, m, n in CASES[part]]
-        try:
-            ranks = learner.run_ranks(stage_case, p, [(part, *c) for c in CASES[part]],
-                                      NAMES[part], labels)
-        except Mistake as e:
-            text = str(e)
-            raise Mistake(text + SEND_HINT if "waits in send to" in text else text) from None
-        for k, ((_, m, n), label) in enumerate(zip(CASES[part], labels)):
-            yield p, m, n, label, [ranks[r][k]["value"] for r in range(p)]
+    """Every case's (world size, schedule, micro-batches, batch, label, every stage's
+    result), one world size after the other."""
+    worlds = {p: [(part, *c) for c in CASES[part]] for p in WORLD_SIZES}
+    for p, (_, s, m, n), label, results in learner.each_world(
+            stage_case, NAMES[part], worlds, _label, _send_hint):
+        yield p, s, m, n, label, [r["value"] for r in results]
 
 
 def _tensor(got, want, who: str) -> None:
@@ -130,7 +124,7 @@ def _check_grads(stages, want, label, step: str) -> None:
 
 
 def check_forward_step(learner) -> str:
-    for p, m, n, label, stages in _run(learner, "forward"):
+    for p, _, m, n, label, stages in _run(learner, "forward"):
         want = oracle(p, n, m)
         _check_forward(stages, want, m, label)
         _check_grads(stages, want, label, "with the test's backward")
@@ -139,7 +133,7 @@ def check_forward_step(learner) -> str:
 
 
 def check_backward_step(learner) -> str:
-    for p, m, n, label, stages in _run(learner, "backward"):
+    for p, _, m, n, label, stages in _run(learner, "backward"):
         want = oracle(p, n, m)
         _check_backward(stages, want, m, label)
         _check_grads(stages, want, label, "with your backward_step")
@@ -148,10 +142,10 @@ def check_backward_step(learner) -> str:
 
 
 def check_pipeline_step(learner) -> str:
-    for p, m, n, label, stages in _run(learner, "step"):
+    for p, schedule, m, n, label, stages in _run(learner, "step"):
         want = oracle(p, n, m)
         for r, got in enumerate(stages):
-            kinds = [k for k, _ in _actions(r, p, m, label)]
+            kinds = [k for k, _ in SCHEDULES[schedule](r, p, m)]
             if got["log"] != kinds:
                 raise Mistake(f"with {label}: stage {r} ran {' '.join(got['log'])}, where the "
                               f"actions say {' '.join(kinds)}: run them in their order")
@@ -159,15 +153,9 @@ def check_pipeline_step(learner) -> str:
         try:
             _check_grads(stages, want, label, "pipeline_step")
         except Mistake as e:
-            raise Mistake(f"{e}{_scale_hint(stages, p, n, m)}") from None
+            raise Mistake(f"{e}{scale_hint(stages, p, n, m, oracle)}") from None
     return ("one process's loss and gradients on every stage with 1F1B and GPipe, 2 to 4 "
             "stages, micro-batches of unequal size")
-
-
-def _actions(r, p, m, label):
-    from .pipeline_probe import SCHEDULES
-
-    return SCHEDULES["gpipe" if "gpipe" in label else "1f1b"](r, p, m)
 
 
 def _check_loss(got, want: float, label: str, shape) -> None:
@@ -178,36 +166,4 @@ def _check_loss(got, want: float, label: str, shape) -> None:
                       "expected the batch's loss (a number)") from None
     if abs(value - want) > 1e-9 * max(1.0, abs(want)):
         raise Mistake(f"with {label}: the last stage returned the loss {value:.6g}, but the "
-                      f"batch's loss is {want:.6g}{_scale_hint(value, *shape)}")
-
-
-def _scale_hint(got, p: int, n: int, m: int) -> str:
-    """A hint if ``got`` (the returned loss, or every stage's results) is that of another
-    weighting of the micro-batches' losses."""
-    sizes = [len(b) for b in torch.arange(n).tensor_split(m)]
-    for weights, text in (([1.0] * m, "the sum of the micro-batches' losses"),
-                          ([1.0 / m] * m, "each micro-batch's loss weighted 1/m")):
-        want = oracle(p, n, m, weights)
-        if _same(got, want):
-            return (f". That is what {text} gives; each micro-batch's loss is a mean over "
-                    f"its own samples (here {sizes} samples), so weight micro-batch i's loss "
-                    "by its share of the batch, n_i / n, to get the batch's mean loss")
-    return ""
-
-
-def _same(got, want: list[dict]) -> bool:
-    if isinstance(got, float):
-        return abs(got - want[-1]["loss"]) <= 1e-9 * max(1.0, abs(got))
-    return all(isinstance(got[r]["grads"].get(k), torch.Tensor) and
-               torch.allclose(got[r]["grads"][k], g, rtol=1e-9, atol=1e-12)
-               for r in range(len(want)) for k, g in want[r]["grads"].items())
-
-
-TESTS = [
-    GradedTest("test_forward_step", 3, ("forward_step",), check_forward_step,
-               rules=(PIPELINE,)),
-    GradedTest("test_backward_step", 3, ("backward_step",), check_backward_step,
-               rules=(PIPELINE,)),
-    GradedTest("test_pipeline_step", 3, ("pipeline_step",), check_pipeline_step,
-               rules=(PIPELINE,), part="stretch"),
-]
+                      f"batch's loss is {want:.6g}{scale_hint(value, *shape, oracle)}")
