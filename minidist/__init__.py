@@ -59,6 +59,7 @@ from .parallel.tensor import (
 )
 from .parallel.zero import ZeRO
 from .trace import Timeline, plot_gantt, to_chrome_trace
+from .transports.compute import Compute
 from .transports.network import Link, Network
 
 __version__ = "0.1.0"
@@ -76,7 +77,7 @@ __all__ = [
     "PipelineStage", "ScheduleGPipe", "Schedule1F1B", "pipeline",
     "costmodel", "models",
     "faults", "inject_delay", "slow_rank",
-    "Link", "Network",
+    "Link", "Network", "Compute",
     "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "TensorParallelGPT",
     "parallelize_gpt", "vocab_parallel_cross_entropy",
     "ZeRO",

@@ -13,8 +13,10 @@ and train as usual::
 Strategies make this work by calling ``maybe_delay(comm, point)`` at the named points
 (``POINTS``): ``"forward"`` before the forward pass, ``"backward"`` when backward starts,
 ``"step"`` before the optimizer step. It sleeps if a delay is configured for this rank and
-point, and records a ``straggler delay`` span on ``comm.timeline``; otherwise it costs an
-attribute look-up. A new strategy needs nothing more than those calls::
+point (under ``md.launch(..., clock="virtual")`` it moves the rank's virtual clock on by the
+delay instead: the straggler costs exactly its delay, whatever the machine's load), and
+records a ``straggler delay`` span on ``comm.timeline``; otherwise it costs an attribute
+look-up. A new strategy needs nothing more than those calls::
 
     def step(self):
         md.faults.maybe_delay(self.comm, "step")
@@ -30,10 +32,11 @@ entry and remove it on exit. Delays that match add up. A communicator made by
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from .transports.clock import WALL
 
 POINTS = ("forward", "backward", "step")
 
@@ -105,16 +108,16 @@ def slow_rank(comm, rank: int, seconds: float, where="forward"):
 
 
 def maybe_delay(comm, point: str) -> float:
-    """Called by strategies at a named point: sleep if this rank is configured to be slow
-    there, recording a ``straggler delay`` span on ``comm.timeline``. Returns the seconds
-    slept (0.0 when nothing is configured)."""
+    """Called by strategies at a named point: sleep (virtual time: advance the clock) if this
+    rank is configured to be slow there, recording a ``straggler delay`` span on
+    ``comm.timeline``. Returns the seconds of delay (0.0 when nothing is configured)."""
     if not (isinstance(point, str) and point in POINTS):
         _check_points(point)  # raises, naming the points
     plan = getattr(comm, "faults", None)
     seconds = plan.seconds_at(comm.rank, point) if plan is not None else 0.0
     if seconds > 0:
         with comm.timeline.span("straggler delay", "straggler"):
-            time.sleep(seconds)
+            getattr(comm, "clock", WALL).advance(seconds)
     return seconds
 
 

@@ -5,6 +5,11 @@ arguments (the same on every rank, so every rank raises the same error), then ru
 algorithm. Tensors are torch tensors (CPU or CUDA) or numpy arrays, of any shape and length;
 what a collective returns is of the kind it was given. ``op`` is one of ``ops.OPS``; how
 float16/bfloat16 accumulate is in ``ops.py``.
+
+Each is one communication call on the rank's clock (``@bracketed``, ``transports/clock.py``):
+under virtual time what the algorithm does between its messages (slicing, adding) is part
+of the call, not computation charged to the caller, as the alpha-beta formulas (gamma = 0)
+count it.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import numpy as np
 import torch
 
 from ..comm import tensors
+from ..transports.clock import bracketed
 from . import allreduce, auto, hierarchical, ops
 from . import shared_memory as shm_collectives
 from .agreement import agree, describe
@@ -27,6 +33,7 @@ ALGORITHMS = {"naive": allreduce.naive, "tree": allreduce.tree, "ring": allreduc
 ALL_REDUCE_ALGORITHMS = (*ALGORITHMS, "auto")
 
 
+@bracketed
 def all_reduce(comm, t, op: str = "sum", algorithm: str = "auto"):
     """Reduce ``t`` over all ranks, in place; returns ``t``. Every rank gets the same bits.
 
@@ -42,6 +49,7 @@ def all_reduce(comm, t, op: str = "sum", algorithm: str = "auto"):
     return t
 
 
+@bracketed
 def all_reduce_coalesced(comm, tensors_, op: str = "sum", algorithm: str = "auto",
                          buffer: torch.Tensor | None = None):
     """Reduce a list of tensors of one dtype as one all_reduce of their concatenation
@@ -94,6 +102,7 @@ def _all_reduce_flat(comm, x: torch.Tensor, op: str, algorithm: str) -> None:
     ops.finish_(x, op, comm.world_size)  # every path sums for avg; one division, here
 
 
+@bracketed
 def broadcast(comm, t, src: int = 0):
     """Copy rank ``src``'s ``t`` into ``t`` on every rank, in place; returns ``t``.
     Binomial tree (``basic.broadcast_tree``)."""
@@ -103,6 +112,7 @@ def broadcast(comm, t, src: int = 0):
     return t
 
 
+@bracketed
 def reduce(comm, t, dst: int = 0, op: str = "sum"):
     """Reduce ``t`` over all ranks into ``t`` on rank ``dst``; returns ``t``. Other ranks'
     ``t`` is left unchanged. Binomial tree (``basic.reduce_tree``)."""
@@ -115,6 +125,7 @@ def reduce(comm, t, dst: int = 0, op: str = "sum"):
     return t
 
 
+@bracketed
 def reduce_scatter(comm, t, op: str = "sum"):
     """Reduce ``t`` over all ranks and return this rank's shard of the result: rank r gets
     piece r of ``t`` cut along its first axis into p nearly equal pieces (the first
@@ -136,6 +147,7 @@ def reduce_scatter(comm, t, op: str = "sum"):
     return _like(t, ops.finish_(shard.clone(), op, p))  # a copy: frees the other p-1 pieces
 
 
+@bracketed
 def all_gather(comm, t):
     """Every rank's ``t``, stacked along a new first axis: shape ``(p, *t.shape)``.
     Ring all-gather: (p-1) (alpha + n beta); bytes sent: (p-1) n."""
@@ -149,6 +161,7 @@ def all_gather(comm, t):
     return _like(t, out)
 
 
+@bracketed
 def gather(comm, t, dst: int = 0):
     """On ``dst``, every rank's ``t`` stacked along a new first axis (shape
     ``(p, *t.shape)``); ``None`` on the other ranks. Linear (``basic.gather_linear``)."""
@@ -161,6 +174,7 @@ def gather(comm, t, dst: int = 0):
     return None if out is None else _like(t, out)
 
 
+@bracketed
 def scatter(comm, t, src: int = 0):
     """Rank ``src`` passes ``t`` of shape ``(p, *s)`` and rank k receives piece ``t[k]``.
     The other ranks pass the buffer to receive into (shape ``s``), as torch.distributed's
@@ -178,6 +192,7 @@ def scatter(comm, t, src: int = 0):
     return _like(t, scatter_linear(comm, x, out, src, TAG["scatter"]))
 
 
+@bracketed
 def all_to_all(comm, t):
     """Rank r sends ``t[j]`` to rank j and returns a tensor whose row i came from rank i
     (``t`` has shape ``(p, *s)``: the transpose of who-sends-what). Pairwise exchange

@@ -6,6 +6,12 @@ checks what the user passed, translates local ranks to the transport's global ra
 the byte counters (``stats``) and the timeline, and turns a wait that lasts too long into a
 ``CommTimeout`` that names the operation, the peer and the tag.
 
+Time: ``comm.now()`` is the rank's clock (``transports/clock.py``): the wall clock, or under
+``md.launch(..., clock="virtual")`` the calling thread's virtual time. Every communication
+call is ``@bracketed`` by it (the computation since the previous call is charged at entry;
+what the library does inside is not), and the timeline records its times. Timeouts are
+always wall-clock seconds.
+
 The transport underneath (``transports/local.py`` or ``transports/torch_dist.py``) moves bytes
 between global ranks; messages carry a context id (``ctx``) so that traffic on a split-off
 communicator never matches a receive on its parent.
@@ -20,6 +26,7 @@ import torch
 
 from ..errors import CommTimeout, MessageMismatchError, PeerLeftError, SlowLinkTimeout
 from ..trace import Timeline
+from ..transports.clock import WALL, bracketed
 from . import tensors
 from .contexts import ACK, ACK_CODE, WORLD_CTX, ack_tag, check_tag, child_ctx
 from .receive_log import ReceiveLog
@@ -44,11 +51,13 @@ class Request:
         self.nbytes, self.unstage, self.count = nbytes, unstage, count
         self.is_recv = op == "irecv"
         self.record = count  # control traffic and sendrecv's halves stay off the timeline
-        self.start = time.perf_counter() if start is None else start
+        self.clock = comm.clock
+        self.start = comm.clock.now() if start is None else start
         self.source: int | None = None
         self.ack = None  # a send above the eager limit waits for the receiver's acknowledgement
         self._finished = False
 
+    @bracketed
     def test(self) -> bool:
         tr = self.comm._transport
         if self.comm.eager_limit is not None:
@@ -57,6 +66,7 @@ class Request:
             self._finish()
         return self._finished
 
+    @bracketed
     def wait(self, timeout: float | None = None, op: str | None = None) -> int | None:
         """Block until done; raises ``CommTimeout`` after ``timeout`` (default: the comm's).
 
@@ -126,7 +136,7 @@ class Request:
                 comm.stats.on_recv(self.source, self.nbytes)
         if self.record:
             peer = self.peer if self.peer is not None else self.source
-            comm.timeline.record(self.op, self.op, self.start, time.perf_counter(),
+            comm.timeline.record(self.op, self.op, self.start, comm.clock.now(),
                                  self.nbytes, peer)
 
 
@@ -144,8 +154,9 @@ class Communicator:
 
     def __init__(self, transport, group: tuple[int, ...], rank: int, ctx: int = WORLD_CTX,
                  timeout: float = 60.0, device: torch.device | str = "cpu",
-                 timeline: Timeline | None = None):
+                 timeline: Timeline | None = None, clock=WALL):
         self._transport = transport
+        self.clock = clock  # comm.now(); shared with split-off communicators
         self._group = tuple(group)
         self._local = {g: i for i, g in enumerate(self._group)}
         self._rank, self._ctx = rank, ctx
@@ -208,6 +219,12 @@ class Communicator:
         self._transport = wrap(self._transport)
         return self._transport
 
+    def now(self) -> float:
+        """This rank's time in seconds: ``time.perf_counter()``, or under ``md.launch(...,
+        clock="virtual")`` the calling thread's virtual time since launch (the same clock on
+        every communicator split from this one)."""
+        return self.clock.now()
+
     @property
     def global_rank(self) -> int:
         """This rank's number in the world communicator it was split from."""
@@ -240,13 +257,14 @@ class Communicator:
         user = Channel(self, self._ctx, count=True)
         return user.sendrecv(send_tensor, dst, recv_tensor, src, send_tag, recv_tag)
 
+    @bracketed
     def _isend(self, tensor, dst: int, tag: int, ctx: int, count: bool) -> Request:
         t = tensors.as_tensor(tensor, "send buffer")
         self._check_peer(dst, "dst")
         check_tag(tag)
         if t.is_cuda and not self._transport.cuda_native:  # staged through host memory
             t = t.cpu()
-        n, start = tensors.nbytes(t), time.perf_counter()  # before the transport copies
+        n, start = tensors.nbytes(t), self.clock.now()  # before the transport copies
         if count:
             self.stats.on_send(dst, n)
         if log.isEnabledFor(logging.DEBUG):
@@ -260,6 +278,7 @@ class Communicator:
                                             ack_tag(ctx - self._ctx, tag), ACK_CODE)
         return req
 
+    @bracketed
     def _irecv(self, tensor, src: int, tag: int, ctx: int, count: bool) -> Request:
         t = tensors.as_tensor(tensor, "receive buffer")
         if src != ANY_SOURCE:
@@ -339,6 +358,7 @@ class Communicator:
                              f"{self.world_size}, so valid ranks are 0..{self.world_size - 1}")
 
     # -- group operations -------------------------------------------------------------------
+    @bracketed
     def barrier(self) -> None:
         """Wait until every rank has reached the barrier.
 
@@ -346,15 +366,16 @@ class Communicator:
         r + 2^k and waits for r - 2^k; after ceil(log2 p) rounds everyone has heard, directly
         or not, from everyone. Cost: ceil(log2 p) * alpha.
         """
-        start, p, k, control = time.perf_counter(), self.world_size, 1, self.control
+        start, p, k, control = self.clock.now(), self.world_size, 1, self.control
         while k < p:
             dst, src = (self.rank + k) % p, (self.rank - k) % p
             r = control.irecv(_EMPTY, src, -k)
             control.isend(_EMPTY, dst, -k).wait(op="barrier")
             r.wait(op="barrier")
             k *= 2
-        self.timeline.record("barrier", "barrier", start, time.perf_counter())
+        self.timeline.record("barrier", "barrier", start, self.clock.now())
 
+    @bracketed
     def split(self, color: int | None, key: int | None = None) -> Communicator | None:
         """Partition the ranks by ``color``; order each part by ``(key, rank)`` (mpi4py).
 
@@ -374,7 +395,7 @@ class Communicator:
         ctx = child_ctx(self._ctx, self._n_splits, color)
         child = Communicator(self._transport, tuple(self._group[r] for r in ranks),
                              ranks.index(self.rank), ctx, self.timeout, self.device,
-                             self.timeline)
+                             self.timeline, self.clock)
         child.eager_limit = self.eager_limit
         return child
 
@@ -388,6 +409,7 @@ class Channel:
 
     def __init__(self, comm: Communicator, ctx: int, count: bool):
         self.comm, self.ctx, self.count = comm, ctx, count
+        self.clock = comm.clock
 
     def isend(self, tensor, dst: int, tag: int = 0) -> Request:
         return self.comm._isend(tensor, dst, tag, self.ctx, self.count)
@@ -401,20 +423,22 @@ class Channel:
     def recv(self, tensor, src: int = ANY_SOURCE, tag: int = 0, op: str = "recv") -> int:
         return self.irecv(tensor, src, tag).wait(op=op)
 
+    @bracketed
     def sendrecv(self, send_tensor, dst: int, recv_tensor, src: int = ANY_SOURCE,
                  tag: int = 0, recv_tag: int | None = None) -> int:
         """Send to ``dst`` and receive from ``src`` at once, without deadlock (a ring step)."""
-        comm, start = self.comm, time.perf_counter()
+        comm, start = self.comm, self.clock.now()
         rreq = self.irecv(recv_tensor, src, tag if recv_tag is None else recv_tag)
         sreq = self.isend(send_tensor, dst, tag)
         rreq.record = sreq.record = False
         sreq.wait(op="sendrecv")
         source = rreq.wait(op="sendrecv")
         if self.count:
-            comm.timeline.record("sendrecv", "sendrecv", start, time.perf_counter(),
+            comm.timeline.record("sendrecv", "sendrecv", start, self.clock.now(),
                                  sreq.nbytes, comm._group[dst])
         return source
 
+    @bracketed
     def all_gather_ints(self, values: list[int], op: str = "split") -> list[list[int]]:
         """Every rank's small int vector (same length everywhere), by rank."""
         comm = self.comm

@@ -69,6 +69,10 @@ PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}  # bytes of one value
 A100_EFFICIENCY = 0.4735
 
 NVLINK3 = Link(alpha=3e-6, bandwidth=300e9, name="NVLink 3 (A100)")
+# Datasheet peak FLOP/s per GPU by precision (dense; see the module docstring). One place:
+# ``md.Compute.a100()`` / ``h100()`` (``transports/compute.py``) import them.
+A100_PEAK_FLOPS = {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}
+H100_PEAK_FLOPS = {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}
 
 
 def check_precision(precision) -> str:
@@ -136,14 +140,14 @@ class Cluster:
     @classmethod
     def dgx_a100(cls, nodes: int, efficiency: float = A100_EFFICIENCY) -> Cluster:
         return cls(nodes, 8, NVLINK3, Link.infiniband_hdr(),
-                   {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}, 80e9, efficiency,
+                   dict(A100_PEAK_FLOPS), 80e9, efficiency,
                    f"{nodes} x DGX A100 80GB (NVLink 3, HDR InfiniBand)")
 
     @classmethod
     def dgx_h100(cls, nodes: int, efficiency: float = A100_EFFICIENCY) -> Cluster:
         """The A100's efficiency is assumed, not measured, for the H100."""
         return cls(nodes, 8, Link.nvlink4(), Link.infiniband_ndr(),
-                   {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}, 80e9, efficiency,
+                   dict(H100_PEAK_FLOPS), 80e9, efficiency,
                    f"{nodes} x DGX H100 (NVLink 4, NDR InfiniBand)")
 
     @classmethod

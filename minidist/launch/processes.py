@@ -27,8 +27,9 @@ import multiprocess as mp
 from ..errors import CommTimeout
 from ..transports.emulated import PortClocks
 from ..transports.network import Network
+from ..transports.virtual import PortIntervals
 from .failures import RankFailed, check_on_rank_failure, collect_tolerating
-from .runtime import WorldSpec, check_backend_device, check_timeout, connect
+from .runtime import WorldSpec, check_backend_device, check_clock, check_timeout, connect
 from .watch import Results, collect, failure_kind, signals_held, teardown
 
 __all__ = ["RankFailed", "Results", "launch"]
@@ -38,7 +39,7 @@ def launch(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
            backend: str = "local", device: str = "cpu", timeout: float | None = None,
            start_method: str | None = None, threads: int | None = None,
            trace: bool = False, network: Network | None = None,
-           on_rank_failure: str = "error") -> Results:
+           on_rank_failure: str = "error", clock: str = "wall") -> Results:
     """Run ``fn(comm, *args, **kwargs)`` on ``world_size`` ranks; return results by rank.
 
     ``timeout`` bounds every blocking communication call (``md.CommTimeout`` past it); by
@@ -48,7 +49,11 @@ def launch(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
     count: by default cores / ranks under spawn, and 1 under fork, because a child forked
     after the parent ran an OpenMP-parallel torch op hangs in its first parallel region.
     ``network`` (an ``md.Network``, local backend only) makes every message take the time
-    its link would take on that network (``transports/emulated.py``).
+    its link would take on that network (``transports/emulated.py``). ``clock="virtual"``
+    (with a ``network``) runs it on virtual time instead: nobody sleeps, each rank's
+    computation is charged as its CPU time (or, with ``network.compute``, as its FLOPs at
+    that rate) and ``comm.now()``, the timeline and every message's time are modelled, so
+    the figures do not depend on this machine or its load (``transports/virtual.py``).
 
     ``on_rank_failure``: ``"error"`` (default): the first rank that raises or dies stops
     every rank and ``md.WorkerError`` names it. ``"continue"`` (local backend only), for
@@ -62,8 +67,9 @@ def launch(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
     check_backend_device(backend, device)
     tolerate = check_on_rank_failure(on_rank_failure, backend)
     _check_network(network, backend, world_size)
+    check_clock(clock, network, threads)
     method = _start_method(start_method, device)
-    threads = _thread_count(threads, method, world_size)
+    threads = 1 if clock == "virtual" else _thread_count(threads, method, world_size)
     ctx = mp.get_context(method)
     if method == "fork":
         _preload_for_ranks()
@@ -71,7 +77,7 @@ def launch(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
     try:
         with signals_held():  # nothing is created that the finally below would not see
             spec, owned = _prepare_world(backend, world_size, device, timeout, trace, ctx,
-                                         network)
+                                         network, clock)
         _start_ranks(ctx, method, spec, threads, (fn, args, kwargs), procs, conns)
         results = (collect_tolerating if tolerate else collect)(procs, conns, owned)
         ok = True
@@ -221,7 +227,8 @@ def _thread_count(threads: int | None, method: str, world_size: int) -> int:
     return threads
 
 
-def _prepare_world(backend, world_size, device, timeout, trace, ctx, network=None):
+def _prepare_world(backend, world_size, device, timeout, trace, ctx, network=None,
+                   clock="wall"):
     """Create what the ranks meet through: a shared segment (and, with a network, the
     shared clocks of every rank's ports), or (torch backend) a place where rank 0 posts the
     port of the TCPStore it hosts.
@@ -231,9 +238,10 @@ def _prepare_world(backend, world_size, device, timeout, trace, ctx, network=Non
     held forever (about one 4-rank launch in seven then hung in the rendezvous).
     """
     spec = WorldSpec(backend, world_size, device=str(device), timeout=float(timeout),
-                     trace=trace)
+                     trace=trace, clock=clock)
     if network is not None:
-        spec.network, spec.ports = network, PortClocks.create(ctx, world_size)
+        ports = PortIntervals if clock == "virtual" else PortClocks
+        spec.network, spec.ports = network, ports.create(ctx, world_size)
     if backend == "local":
         from ..transports.shm_segment import Segment
 

@@ -23,10 +23,12 @@ import torch
 from ..comm import Communicator
 from ..errors import CommTimeout
 from ..trace import Timeline
+from ..transports.clock import CLOCKS, make_clock
 from ..transports.emulated import EmulatedTransport, PortClocks
 from ..transports.local import LocalTransport
 from ..transports.network import Network
 from ..transports.shm_segment import Segment
+from ..transports.virtual import VirtualTransport
 from .loopback import host_loopback_store, pin_gloo_to_loopback
 
 BACKENDS = ("local", "torch")
@@ -48,6 +50,7 @@ class WorldSpec:
     trace: bool = False
     network: Network | None = None  # md.launch(network=...): emulate its links
     ports: PortClocks | None = None  # the network's shared port clocks (emulated.py)
+    clock: str = "wall"  # md.launch(clock=...): "virtual" runs the network on virtual time
 
 
 def check_backend_device(backend: str, device: str) -> None:
@@ -78,18 +81,41 @@ def check_timeout(timeout, what: str = "timeout") -> float:
     return float(timeout)
 
 
+def check_clock(clock, network, threads) -> str:
+    """``md.launch``'s ``clock``: ``"wall"`` (default) or ``"virtual"``, which models time on
+    an emulated network (so it needs one) and charges each thread's CPU time as its
+    computation (so torch runs one thread per rank)."""
+    if not isinstance(clock, str) or clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {', '.join(map(repr, CLOCKS))}, got {clock!r}")
+    if clock == "virtual" and network is None:
+        raise ValueError("clock='virtual' models time on an emulated network, and none was "
+                         "given: pass network=md.Network.uniform(md.Link(alpha=..., "
+                         "bandwidth=...)) or md.Network.cluster(...), or use clock='wall'")
+    if clock == "virtual" and threads not in (None, 1):
+        raise ValueError(f"threads={threads!r} with clock='virtual': a rank's computation is "
+                         "charged as the CPU time of its own thread, so torch must run one "
+                         "thread per rank; leave threads unset (or 1)")
+    return clock
+
+
 def connect(spec: WorldSpec, rank: int, local_rank: int | None = None) -> Communicator:
     """Join the world described by ``spec`` as ``rank``; returns the world Communicator."""
     _setup_debug_log(rank)
     device = _rank_device(spec.device, rank if local_rank is None else local_rank)
+    clock = make_clock(spec.clock, spec.network.compute if spec.network else None)
     if spec.backend == "local":
         transport = LocalTransport(Segment.attach(spec.shm_name), rank)
-        if spec.network is not None:
+        if spec.network is not None and spec.clock == "virtual":
+            transport = VirtualTransport(transport, spec.network, spec.ports, clock,
+                                         spec.timeout)
+        elif spec.network is not None:
             transport = EmulatedTransport(transport, spec.network, spec.ports, spec.timeout)
     else:
         transport = _torch_transport(spec, rank, device)
-    return Communicator(transport, tuple(range(spec.world_size)), rank, timeout=spec.timeout,
-                        device=device, timeline=Timeline(rank, spec.trace))
+    comm = Communicator(transport, tuple(range(spec.world_size)), rank, timeout=spec.timeout,
+                        device=device, timeline=Timeline(rank, spec.trace, clock), clock=clock)
+    clock.count_flops_here()  # FLOP-model compute: this (the rank's main) thread's ops
+    return comm
 
 
 def _rank_device(device: str, local_rank: int) -> torch.device:

@@ -45,6 +45,10 @@ emulation can only slow things down: a link faster than this machine's memory co
 this machine's speed. The local transport's shared-memory all_reduce would bypass the
 links, so this transport offers no capabilities and collectives pass messages.
 
+Virtual time. ``md.launch(..., clock="virtual")`` runs the same link model on each rank's
+virtual clock instead, without sleeping and without competing for the cores
+(``virtual.py``, ``clock.py``); this module is the wall-clock path, as it always was.
+
 Slower than the timeout. A message whose own ``alpha + n / bandwidth`` exceeds the
 launch's timeout can never be waited for: its send raises ``SlowLinkTimeout`` at once,
 naming the link, the size and the modelled time, before anything is sent or slept. A wait
@@ -145,7 +149,8 @@ class _Recv:
 
     # What the Communicator reads once done (``RawRequest`` in ``protocol.py``).
     source = property(lambda self: self.inner.source)
-    mismatch = property(lambda self: self.inner.mismatch)
+    # not yet, while only the stamp is awaited (read early by the eager limit's ack loop)
+    mismatch = property(lambda self: self.inner is not None and self.inner.mismatch)
     nbytes = property(lambda self: self.inner.nbytes)
     msg_nbytes = property(lambda self: self.inner.msg_nbytes)
     msg_code = property(lambda self: self.inner.msg_code)

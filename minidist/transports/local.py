@@ -2,7 +2,11 @@
 
 A message on a channel is a 64-byte header followed by its payload, padded to 64 bytes:
 
-    header = (marker, ctx, tag, dtype code, nbytes, sequence number, 0, 0)
+    header = (marker, ctx, tag, dtype code, nbytes, sequence number, stamp, 0)
+
+``stamp`` (a float64, 0.0 unless the sender gives one) travels to the receive that matches:
+the virtual-time network (``virtual.py``) carries each message's modelled delivery time in
+it, so no message of its own is needed for that.
 
 Messages larger than the ring stream through it in chunks, so any size works and the
 receiver copies chunk k while the sender writes chunk k+1 (two cores, two memcpys in flight).
@@ -43,7 +47,7 @@ from .shm_segment import Segment, SharedBuffer
 
 ANY = -1
 HDR = 64
-_HEADER = struct.Struct("<8q")
+_HEADER = struct.Struct("<6qdq")
 _MARKER = 0x4D4D  # sanity check that sender and receiver agree on the stream position
 CHUNK = 1 << 20  # publish progress at least every MiB so the receiver can start copying
 _memmove = ctypes.memmove
@@ -67,23 +71,25 @@ class RecvRequest:
     payload was discarded and the Communicator raises a clear error)."""
 
     __slots__ = ("src", "ctx", "tag", "code", "ptr", "nbytes", "done", "source",
-                 "msg_code", "msg_nbytes", "mismatch", "keep", "peer_left")
+                 "msg_code", "msg_nbytes", "mismatch", "keep", "peer_left", "stamp")
 
     def __init__(self, src, ctx, tag, code, ptr, nbytes, keep):
         self.src, self.ctx, self.tag, self.code = src, ctx, tag, code
         self.ptr, self.nbytes, self.keep = ptr, nbytes, keep
         self.done = self.mismatch = self.peer_left = False
         self.source = self.msg_code = self.msg_nbytes = -1
+        self.stamp = 0.0  # the matched message's header stamp (module docstring)
 
 
 class _Incoming:
     """A message being read off a channel (into a matched receive, or a private buffer)."""
 
     __slots__ = ("src", "ctx", "tag", "code", "nbytes", "pos", "total", "ptr", "buf",
-                 "recv", "done")
+                 "recv", "done", "stamp")
 
-    def __init__(self, src, ctx, tag, code, nbytes):
+    def __init__(self, src, ctx, tag, code, nbytes, stamp=0.0):
         self.src, self.ctx, self.tag, self.code, self.nbytes = src, ctx, tag, code, nbytes
+        self.stamp = stamp
         self.pos, self.total = HDR, _padded(nbytes)
         self.ptr, self.buf, self.recv, self.done = 0, None, None, False
 
@@ -126,14 +132,16 @@ class LocalTransport:
         seg.mark_attached(rank)
 
     # -- posting ----------------------------------------------------------------------------
-    def isend(self, t: torch.Tensor, dst: int, ctx: int, tag: int, code: int) -> SendRequest:
+    def isend(self, t: torch.Tensor, dst: int, ctx: int, tag: int, code: int,
+              stamp: float = 0.0) -> SendRequest:
         with self.lock:
-            return self._isend(t, dst, ctx, tag, code)
+            return self._isend(t, dst, ctx, tag, code, stamp)
 
-    def _isend(self, t: torch.Tensor, dst: int, ctx: int, tag: int, code: int) -> SendRequest:
+    def _isend(self, t: torch.Tensor, dst: int, ctx: int, tag: int, code: int,
+               stamp: float) -> SendRequest:
         ch = self.tx[dst]
         n = t.numel() * t.element_size()
-        header = (_MARKER, ctx, tag, code, n, ch.seq, 0, 0)
+        header = (_MARKER, ctx, tag, code, n, ch.seq, stamp, 0)
         ch.seq += 1
         req = SendRequest(dst, t.data_ptr(), n, header, t)
         ch.queue.append(req)
@@ -284,12 +292,12 @@ class LocalTransport:
             _memmove(dst_ptr + first, ch.base, n - first)
 
     def _read_header(self, ch: _Channel, drain: bool) -> _Incoming | None:
-        marker, ctx, tag, code, nbytes, seq, _, _ = _HEADER.unpack_from(
+        marker, ctx, tag, code, nbytes, seq, stamp, _ = _HEADER.unpack_from(
             self.seg.mm, ch.base - self.seg.base + ch.tail % self.R)
         if marker != _MARKER or seq != ch.seq:
             raise RuntimeError(f"rank {self.rank}: corrupt stream from rank {ch.peer} "
                                f"(marker {marker:#x}, sequence {seq}, expected {ch.seq})")
-        msg = _Incoming(ch.peer, ctx, tag, code, nbytes)
+        msg = _Incoming(ch.peer, ctx, tag, code, nbytes, stamp)
         req = next((r for r in self.posted if _matches(r, msg)), None)
         if req is None and not (drain or self._wanted_from(ch.peer)):
             return None  # leave it in the ring until someone asks for it
@@ -311,6 +319,7 @@ class LocalTransport:
     def _bind(self, msg: _Incoming, req: RecvRequest) -> None:
         """Point ``msg``'s stream at ``req``'s buffer (or at nothing, on a mismatch)."""
         req.source, req.msg_code, req.msg_nbytes = msg.src, msg.code, msg.nbytes
+        req.stamp = msg.stamp
         msg.recv = req
         if msg.code != req.code or msg.nbytes != req.nbytes:
             req.mismatch = True

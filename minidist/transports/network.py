@@ -15,6 +15,11 @@ topology-aware ring ordering (``collectives/topology.py``) repairs. Each rank ha
 and one ingress port per link class (one NIC per GPU, as on a DGX); how messages share them
 is in ``emulated.py``.
 
+``compute=md.Compute(...)`` (``compute.py``) says how fast the described devices compute:
+under ``md.launch(..., clock="virtual")`` a rank's computation is then charged as the FLOPs
+it ran at that rate (without it, as its CPU time). It is part of the network's description:
+the described cluster's devices, not this machine's.
+
 Only the description lives here; ``md.launch(fn, n, network=net)`` runs it. The named links
 are rough public figures, one direction of one GPU's or one NIC's port; real software adds
 latency on top, and a laptop cannot emulate a link faster than its own memory copies.
@@ -25,6 +30,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from .compute import Compute
 
 INTRA, INTER = 0, 1  # link classes: each rank has one egress and one ingress port per class
 
@@ -116,7 +123,8 @@ class Network:
     """Which link joins two ranks. Build one with ``uniform`` or ``cluster``.
 
     ``nodes`` is None for ``uniform`` (any number of ranks, one per node). ``placement`` is
-    None (rank r on node r // per_node) or the node of each rank.
+    None (rank r on node r // per_node) or the node of each rank. ``compute``: how fast each
+    rank's device computes, for virtual time (None: charge CPU time).
     """
 
     intra: Link
@@ -124,6 +132,7 @@ class Network:
     per_node: int = 1
     nodes: int | None = None
     placement: tuple[int, ...] | None = None
+    compute: Compute | None = None
 
     def __post_init__(self):
         for field in ("intra", "inter"):
@@ -138,20 +147,25 @@ class Network:
                 raise ValueError(f"Network {field} must be a positive int, got {value!r}")
         if self.placement is not None:
             _check_placement(self.placement, self.nodes or 1, self.per_node)
+        if self.compute is not None and not isinstance(self.compute, Compute):
+            raise TypeError(f"Network compute must be an md.Compute (e.g. md.Compute.a100()) "
+                            f"or None, got {type(self.compute).__name__}")
 
     @classmethod
-    def uniform(cls, link: Link) -> Network:
+    def uniform(cls, link: Link, compute: Compute | None = None) -> Network:
         """Every pair of ranks over ``link``; each rank has its own ports (a flat switch)."""
-        return cls(intra=link, inter=link)
+        return cls(intra=link, inter=link, compute=compute)
 
     @classmethod
     def cluster(cls, nodes: int, per_node: int, intra: Link, inter: Link,
-                placement: str | Sequence[int] = "block") -> Network:
+                placement: str | Sequence[int] = "block",
+                compute: Compute | None = None) -> Network:
         """``nodes`` machines of ``per_node`` ranks. ``placement``: ``"block"`` (rank r on
         node r // per_node, torchrun's numbering), ``"round_robin"`` (rank r on node
         r % nodes) or a sequence giving each rank's node (each node at most per_node times)."""
         if placement == "block":
-            return cls(intra=intra, inter=inter, per_node=per_node, nodes=nodes)
+            return cls(intra=intra, inter=inter, per_node=per_node, nodes=nodes,
+                       compute=compute)
         if placement == "round_robin":
             if isinstance(nodes, int) and isinstance(per_node, int) and nodes * per_node > 0:
                 placement = [r % nodes for r in range(nodes * per_node)]
@@ -159,7 +173,7 @@ class Network:
             raise ValueError(f"Network placement must be 'block', 'round_robin' or a sequence "
                              f"of node numbers, one per rank; got {placement!r}")
         return cls(intra=intra, inter=inter, per_node=per_node, nodes=nodes,
-                   placement=tuple(placement))
+                   placement=tuple(placement), compute=compute)
 
     @property
     def max_ranks(self) -> int | None:
@@ -189,11 +203,12 @@ class Network:
                 "or describe a bigger cluster")
 
     def __repr__(self) -> str:
+        speed = "" if self.compute is None else f", compute={self.compute!r}"
         if self.nodes is None:
-            return f"Network.uniform({self.inter!r})"
+            return f"Network.uniform({self.inter!r}{speed})"
         where = "" if self.placement is None else f", placement={list(self.placement)}"
         return (f"Network.cluster(nodes={self.nodes}, per_node={self.per_node}, "
-                f"intra={self.intra!r}, inter={self.inter!r}{where})")
+                f"intra={self.intra!r}, inter={self.inter!r}{where}{speed})")
 
 
 def _check_placement(placement: tuple, nodes: int, per_node: int) -> None:

@@ -259,3 +259,21 @@ def test_auto_predicts_from_the_emulated_links():
                    key=lambda a: costs.time(a, n, 4, link.alpha, link.bandwidth))
         assert pick == best, (n, pick, best)
     assert picks[0] != picks[1]
+
+
+def _rendezvous(comm):
+    comm.eager_limit = 0  # a send waits for its receive's acknowledgement
+    x = torch.arange(1000.0) if comm.rank == 0 else torch.empty(1000)
+    if comm.rank == 0:
+        time.sleep(0.2)  # rank 1 waits for the stamp first
+        comm.send(x, 1)
+    else:
+        comm.recv(x, 0)
+    return x.sum().item()
+
+
+def test_the_eager_limit_works_on_the_emulated_network():
+    """Its acknowledgement loop reads a receive whose stamp is still on its way (it raised
+    AttributeError)."""
+    net = md.Network.uniform(md.Link(alpha=1e-3, bandwidth=1e8))
+    assert md.launch(_rendezvous, 2, network=net) == [499500.0, 499500.0]

@@ -14,7 +14,8 @@ from minidist.transports.protocol import Transport
 
 TRANSPORTS = [("minidist.transports.local", "LocalTransport"),
               ("minidist.transports.torch_dist", "TorchTransport"),
-              ("minidist.transports.emulated", "EmulatedTransport")]
+              ("minidist.transports.emulated", "EmulatedTransport"),
+              ("minidist.transports.virtual", "VirtualTransport")]
 
 
 def _protocol_members() -> list[str]:
