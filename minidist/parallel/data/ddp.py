@@ -24,8 +24,6 @@ parameters and buffers to all ranks, so that the replicas start identical.
 
 from __future__ import annotations
 
-import time
-
 import torch
 from torch import nn
 
@@ -99,9 +97,9 @@ class DistributedDataParallel(nn.Module):
         maybe_delay(self.comm, "backward")
         timeline = self.comm.timeline
         if timeline.enabled:
-            start = time.perf_counter()
+            start = self.comm.now()
             at_backward_end(lambda: timeline.record("backward", "compute", start,
-                                                    time.perf_counter()))
+                                                    self.comm.now()))
 
     def no_sync(self):
         """Skip the all-reduce for backward passes of forwards run inside the block: gradients

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from concurrent.futures import Future
 from contextlib import contextmanager
 
@@ -56,6 +55,7 @@ import torch
 from torch import nn
 
 from ...collectives import all_reduce
+from ...transports.clock import WALL
 from .buckets import Bucket, assign_buckets
 from .graph import at_backward_end, reachable_params
 from .reductions import BucketReduction
@@ -63,10 +63,17 @@ from .reductions import BucketReduction
 
 class CommThread:
     """A single background thread that runs submitted functions in order (FIFO), so that
-    collectives are issued in the same order on every rank while the caller computes."""
+    collectives are issued in the same order on every rank while the caller computes.
 
-    def __init__(self, name: str = "minidist-ddp-comm"):
-        self.name = name
+    Hand-offs carry time (``clock``: the communicator's, ``comm.clock``): ``submit`` stamps
+    the job with the submitter's ``now()``, the thread starts it no earlier than that, and
+    the future keeps the thread's time when it finished (``finished_at``); ``result(fut)``
+    waits and moves the waiting thread's clock to it. Under virtual time this is what makes
+    a bucket's all-reduce start when backward produced it and the end of backward wait for
+    it exactly as long as a cluster would; on the wall clock the stamps cost nothing."""
+
+    def __init__(self, name: str = "minidist-ddp-comm", clock=WALL):
+        self.name, self.clock = name, clock
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
@@ -76,16 +83,29 @@ class CommThread:
             self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
             self._thread.start()
         fut: Future = Future()
-        self._queue.put((fn, fut))
+        self._queue.put((fn, fut, self.clock.now()))
         return fut
+
+    def result(self, fut: Future):
+        """``fut.result()`` (raising what the job raised), the waiting thread's clock moved
+        to when the job finished."""
+        try:
+            return fut.result()
+        finally:
+            self.clock.at_least(fut.finished_at)
 
     def _run(self) -> None:
         while True:
-            fn, fut = self._queue.get()
+            fn, fut, stamp = self._queue.get()
+            self.clock.at_least(stamp)  # the job exists from the submitter's time on
             try:
-                fut.set_result(fn())
+                out = fn()
             except BaseException as e:  # handed to whoever waits on the future
+                fut.finished_at = self.clock.now()
                 fut.set_exception(e)
+            else:
+                fut.finished_at = self.clock.now()
+                fut.set_result(out)
 
 
 class SyncSwitch:
@@ -128,7 +148,7 @@ class BucketScheduler(SyncSwitch):
         self.buckets = [Bucket(b, [self.params[i] for i in idx], [self.names[i] for i in idx],
                                idx) for b, idx in enumerate(assign_buckets(self.params, cap_bytes))]
         self.where = {i: (b, k) for b in self.buckets for k, i in enumerate(b.members)}
-        self.thread = CommThread()
+        self.thread = CommThread(clock=getattr(comm, "clock", WALL))
         self.used = [False] * len(self.params)  # got a gradient since the last sync
         self.expect_sync = False
         self.unused: list[int] = []
@@ -222,10 +242,10 @@ class BucketScheduler(SyncSwitch):
     def _run(self, bucket: Bucket) -> float:
         """Reduce one bucket (on the comm thread for buckets started during backward);
         returns the seconds it took."""
-        start = time.perf_counter()
+        start = self.comm.now()
         bucket.gather(set(self.unused))
         self._reduction.reduce(self.comm, bucket)
-        end = time.perf_counter()
+        end = self.comm.now()
         self.comm.timeline.record(f"bucket {bucket.index}", "collective", start, end,
                                   bucket.nbytes)
         return end - start
@@ -236,12 +256,13 @@ class BucketScheduler(SyncSwitch):
         let the reduction finish, then write the results into ``param.grad``."""
         if not self.armed:  # the pass was already abandoned after an error
             return
-        start = time.perf_counter()
+        start = self.comm.now()
         try:
             missing = [i for i, r in enumerate(self.ready) if not r]
             if missing:
                 raise RuntimeError(self._missing_message(missing))
-            comm_s = sum(f.result() for f in self.futures)  # the buckets started in backward
+            # the buckets started in backward
+            comm_s = sum(self.thread.result(f) for f in self.futures)
             rest = self.buckets[self.next_bucket:]  # all of them without overlap
             self.pending_at_launch += [0] * len(rest)
             comm_s += sum(self._run(b) for b in rest)  # on this thread, after backward
@@ -254,7 +275,7 @@ class BucketScheduler(SyncSwitch):
         finally:
             pending_at_launch = self.pending_at_launch
             self._end_pass()
-        wait = time.perf_counter() - start
+        wait = self.comm.now() - start
         self.stats.update(comm_s=comm_s, wait_s=wait, pending_at_launch=pending_at_launch)
         self.comm.timeline.record("wait for buckets", "wait", start, start + wait)
 

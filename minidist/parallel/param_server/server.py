@@ -122,11 +122,11 @@ class ShardServer:
             raise ValueError(f"rank {self.me} (parameter server): worker rank {src} pushed a "
                              f"gradient of {numel} elements, but this server's shard holds "
                              f"{mine}: the worker's model differs from the servers'")
-        start = time.perf_counter()
+        start = self.comm.now()
         grad = self._gradient_from(src)
         if grad is None:
             return
-        self.comm.timeline.record("ps.push", "recv", start, time.perf_counter(),
+        self.comm.timeline.record("ps.push", "recv", start, self.comm.now(),
                                   grad.numel() * grad.element_size(), src)
         self.stats.pushes += 1
         self.stats.bytes_in += grad.numel() * grad.element_size()
@@ -177,7 +177,7 @@ class ShardServer:
     def _apply(self, grad: torch.Tensor, origins: list[tuple[int, int]]) -> None:
         """One optimizer step with ``grad`` (this shard's flat gradient); ``origins``: the
         (worker, version pulled) of each push it came from, for the staleness record."""
-        start = time.perf_counter()
+        start = self.comm.now()
         self._wait_sends()  # the buffer is about to change: pulls in flight must be out
         if self.optimizer is not None:
             for leaf, g in zip(self.leaves, self.plan.split(self.me, grad)):
@@ -190,7 +190,7 @@ class ShardServer:
             self.stats.staleness.append(self.version - v)
         self.version += 1
         self.stats.updates += 1
-        self.comm.timeline.record("ps.update", "compute", start, time.perf_counter())
+        self.comm.timeline.record("ps.update", "compute", start, self.comm.now())
 
     def _answer_pulls(self) -> None:
         ready = [w for w in self.deferred if may_pull(self.mode, w, self.clocks, self.active,
@@ -207,7 +207,7 @@ class ShardServer:
         if self.mode == "ssp" and self.active:
             ahead = self.clocks[w] - min(self.clocks[a] for a in self.active)
             self.stats.max_ahead = max(self.stats.max_ahead, ahead)
-        start = time.perf_counter()
+        start = self.comm.now()
         reply = P.reply(self.version, self.last_staleness[w])
         self.sends[w] = [r for r in self.sends[w] if not r.test()]
         self.sends[w].append(self.comm.control.isend(reply, w, P.REPLY))
@@ -219,7 +219,7 @@ class ShardServer:
             self.comm.stats.on_send(w, nbytes)
             log.debug("rank %d -> %d: parameters (%d bytes) ready in shared memory",
                       self.me, w, nbytes)
-        self.comm.timeline.record("ps.pull", "send", start, time.perf_counter(), nbytes, w)
+        self.comm.timeline.record("ps.pull", "send", start, self.comm.now(), nbytes, w)
         self.stats.pulls += 1
         self.stats.bytes_out += nbytes
 

@@ -26,7 +26,6 @@ at ``"forward"`` (the end of ``pull``, just before the caller's forward pass) an
 from __future__ import annotations
 
 import logging
-import time
 
 import torch
 
@@ -58,7 +57,7 @@ class WorkerClient:
 
     def pull(self) -> int:
         self._check_open("pull")
-        start = time.perf_counter()
+        start = self.comm.now()
         pending = self.prefetched if self.prefetched is not None else self._request()
         self.prefetched = None
         replies = self._receive(pending)
@@ -102,7 +101,7 @@ class WorkerClient:
         worst = max(int(r[1]) for r in replies)
         if worst >= 0:
             self.stats.staleness.append(worst)
-        end = time.perf_counter()
+        end = self.comm.now()
         nbytes = sum(self.plan.numel(s) for s in range(self.plan.num_servers)) \
             * self.params[0].element_size()
         self.comm.timeline.record("ps.pull", "recv", start, end, nbytes, None)
@@ -116,7 +115,7 @@ class WorkerClient:
         self._check_open("push")
         maybe_delay(self.comm, "step")
         grads = self._gradients(grads)
-        start = time.perf_counter()
+        start = self.comm.now()
         if self.prefetched is not None:  # pushed twice without a pull: take that pull now,
             self.versions = [int(r[0]) for r in self._receive(self.prefetched)]
             self.prefetched = None  # so the servers are done with our slots (shared_shards)
@@ -126,7 +125,7 @@ class WorkerClient:
             nbytes += self.plan.numel(s) * self.params[0].element_size()
         for r in reqs:
             r.wait(op="parameter-server push")
-        end = time.perf_counter()
+        end = self.comm.now()
         self.comm.timeline.record("ps.push", "send", start, end, nbytes, None)
         self.stats.steps += 1
         self.stats.push_s += end - start

@@ -26,13 +26,18 @@ p - r on stage r.
 
 from __future__ import annotations
 
-import time
-
 import torch
 from torch import nn
 
+from ...transports.clock import WALL
 from .measure import SavedBytes
 from .p2p import P2PCommunicator, stage_device
+
+
+def _now(comm) -> float:
+    """The rank's clock (``comm.now()``: virtual under ``clock="virtual"``); the wall clock
+    for a communicator-like object without one (the tests' stand-ins)."""
+    return getattr(comm, "clock", WALL).now()
 
 
 def _check_index(comm, stage_index, num_stages) -> tuple[int, int]:
@@ -125,7 +130,7 @@ class PipelineStage:
     def _forward_step(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """The submodule on micro-batch ``i``, timed, counting what it saves for backward
         (Megatron's ``forward_step``)."""
-        start = time.perf_counter()
+        start = _now(self.comm)
         if self.measure_memory:
             with SavedBytes(self._params) as saved:
                 out = self.submodule(x)
@@ -135,7 +140,7 @@ class PipelineStage:
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"stage {self.stage_index} returned {type(out).__name__}; a "
                             f"pipeline stage must return one tensor")
-        self.comm.timeline.record(self._name("F", i), "forward", start, time.perf_counter())
+        self.comm.timeline.record(self._name("F", i), "forward", start, _now(self.comm))
         return out
 
     def _backward_step(self, i: int, x: torch.Tensor, out: torch.Tensor,
@@ -144,14 +149,14 @@ class PipelineStage:
         """Backward of micro-batch ``i``, timed; the gradient of its input, None on the
         first stage (Megatron's ``backward_step``). An output that does not depend on the
         input sends zeros back."""
-        start = time.perf_counter()
+        start = _now(self.comm)
         if self.is_last:
             if loss is None:
                 raise ValueError("the last stage's backward needs the micro-batch's loss")
             loss.backward()
         elif out.requires_grad:
             torch.autograd.backward(out, output_grad)
-        self.comm.timeline.record(self._name("B", i), "backward", start, time.perf_counter())
+        self.comm.timeline.record(self._name("B", i), "backward", start, _now(self.comm))
         if self.is_first:
             return None
         return x.grad if x.grad is not None else torch.zeros_like(x)

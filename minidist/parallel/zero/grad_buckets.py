@@ -133,6 +133,8 @@ class GradientShards:
         finally:
             futures, self.futures = self.futures, []
             errors = [f.exception() for f in futures]  # waits for every one
+            for f in futures:  # the end of backward waits for the last of them
+                self.thread.clock.at_least(f.finished_at)
             self.backwards += 1
             self._reset()
         if any(errors):

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ...collectives import all_gather
+from ...transports.clock import WALL
 from ..data.graph import tensors_in
 from ..data.scheduler import CommThread
 from .flat_shards import FlatShards, flat_parameters, storage_bytes
@@ -178,7 +179,7 @@ class PrefetchingGatherer(ParameterGatherer):
 
     def __init__(self, comm, groups: list[FlatShards], modules: list[nn.Module | None]):
         self.inflight: dict[int, Future] = {}
-        self.thread = CommThread("minidist-zero-prefetch")
+        self.thread = CommThread("minidist-zero-prefetch", getattr(comm, "clock", WALL))
         super().__init__(comm, groups, modules)
         self.order: list[int] = []  # units in the order forward ran them
         for k, m in enumerate(modules):
@@ -193,11 +194,11 @@ class PrefetchingGatherer(ParameterGatherer):
     def gather(self, k: int) -> None:
         self._submit(k)
         if k in self.inflight:
-            self.inflight.pop(k).result()  # raises what the gather raised
+            self.thread.result(self.inflight.pop(k))  # raises what the gather raised
 
     def free(self, k: int) -> None:
         if k in self.inflight:
-            self.inflight.pop(k).result()
+            self.thread.result(self.inflight.pop(k))
         self.release(k)
 
     def _prefetch(self, k: int, direction: int) -> None:
