@@ -39,16 +39,23 @@ from .errors import (
 from .faults import inject_delay, slow_rank
 from .launch import RankFailed, Results, init, launch
 from .parallel import elastic, pipeline
-from .parallel.amp import GradScaler
+from .parallel.amp import GradScaler, MixedPrecision
 from .parallel.data import (
     DataParallelNaive,
     DistributedDataParallel,
     DistributedSampler,
     LocalSGD,
 )
+from .parallel.hybrid import HybridGPT
 from .parallel.mesh import DeviceMesh
 from .parallel.param_server import ParameterServer
-from .parallel.pipeline import PipelineStage, Schedule1F1B, ScheduleGPipe
+from .parallel.pipeline import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleNaive,
+)
 from .parallel.tensor import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -74,15 +81,16 @@ __all__ = [
     "scatter", "Topology",
     "DataParallelNaive", "DistributedDataParallel", "DistributedSampler",
     "ParameterServer",
-    "PipelineStage", "ScheduleGPipe", "Schedule1F1B", "pipeline",
+    "PipelineStage", "ScheduleNaive", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
+    "pipeline",
     "costmodel", "models",
     "faults", "inject_delay", "slow_rank",
     "Link", "Network", "Compute",
     "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "TensorParallelGPT",
     "parallelize_gpt", "vocab_parallel_cross_entropy",
     "ZeRO",
-    "GradScaler", "compression",
-    "DeviceMesh",
+    "GradScaler", "MixedPrecision", "compression",
+    "DeviceMesh", "HybridGPT",
     "LocalSGD",
     "elastic",
 ]
