@@ -16,4 +16,5 @@ BENCHMARKS = {
     "elastic": "minidist.bench.elastic",
     "costmodel": "minidist.bench.costmodel",
     "comm": "minidist.bench.comm",
+    "emulation": "minidist.bench.emulation",
 }
