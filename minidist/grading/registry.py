@@ -32,16 +32,7 @@ def discover() -> dict[str, Exercise]:
             raise ValueError(f"two packages declare the exercise {declared.name!r}; the "
                              f"second is {info.name}")
         found[declared.name] = declared
-    for name, module in _NOT_MOVED_YET.items():
-        found.setdefault(name, Exercise(name, tuple(importlib.import_module(module).TESTS)))
     return dict(sorted(found.items()))
-
-
-_NOT_MOVED_YET = {  # exercises still in the flat checks/ folder, until each has its own
-    "08_mixed_precision": "minidist.grading.checks.mixed_precision",
-    "09_communication_efficiency": "minidist.grading.checks.comm_efficiency",
-    "10_bug_zoo": "minidist.grading.checks.bug_zoo",
-}
 
 
 EXERCISES = discover()  # exercise name (the notebook's file name without .ipynb) -> Exercise

@@ -1,4 +1,4 @@
-"""What runs in exercise 08's tests (``mixed_precision.py``), and their oracle: torch's own
+"""What runs in exercise 08's tests, and their oracle: torch's own
 ``torch.amp.GradScaler``, run in the grader's process on the same numbers.
 
 The learner's schedule runs closed loop (each step's output is the next step's input), as
@@ -13,6 +13,8 @@ the comparison is to rounding.
 from __future__ import annotations
 
 import torch
+
+from ...engine.data import flag_value
 
 SCHEDULE_CASES = [  # (label, init_scale, growth_factor, backoff_factor, growth_interval, flags)
     ("torch's defaults (init_scale=65536, growth_factor=2.0, backoff_factor=0.5, "
@@ -80,15 +82,6 @@ def schedule_run(namespace, init, growth, backoff, interval, flags) -> list:
         out.append(pair)
         scale, tracker = pair
     return out
-
-
-def flag_value(got):
-    """A returned flag as a bool (a bool, a number or a one-element tensor); else its repr."""
-    if isinstance(got, bool):
-        return got
-    if isinstance(got, (int, float)) or (isinstance(got, torch.Tensor) and got.numel() == 1):
-        return bool(got)
-    return {"returned": repr(got)[:120]}
 
 
 def agree_case(comm, namespace, flags: list[int]):

@@ -1,49 +1,28 @@
-"""Tests of exercise 08: dynamic loss scaling by hand (Micikevicius et al., "Mixed Precision
-Training", ICLR 2018, section 3.2; torch.amp.GradScaler's schedule), agreed across ranks.
-
-``update_scale`` runs closed loop (each step's output is the next step's input) on overflow
-sequences, against ``torch.amp.GradScaler``'s own scale and growth tracker step by step,
-with torch's defaults (2000 clean steps before a growth) and with other factors.
-``agree_found_inf`` runs in launched worlds of 1 to 4 ranks where none, one or every rank
-found an inf. ``scaled_step`` (and the stretch, ``master_step``: float16 model, float32
-master weights) runs ten (eight) steps of SGD on 1 to 4 ranks that each hold a different piece of
-the model, one rank's gradients overflowing at some steps, against ONE process holding every
-piece under one torch GradScaler (``amp_probe.torch_steps``). minidist's GradScaler and
-master-weight wrapper, torch's GradScaler (and so its CUDA and sharded subclasses) and its
-fused unscale/update kernels are out of reach (``sandbox.AMP``); ``md.all_reduce`` stays.
-"""
+"""Exercise 08's tests: the loss scale's schedule against ``torch.amp.GradScaler`` step by
+step, the ranks' agreement on found_inf, and the steps that skip, on every rank together,
+against one process holding every rank's piece under one torch scaler."""
 
 from __future__ import annotations
 
 import torch
 
-from ..engine.feedback import Mistake, values
-from ..engine.sandbox import AMP
-from ..engine.spec import GradedTest
-from .amp_feedback import schedule_mistake
-from .amp_probe import (
+from ...engine.compare import close
+from ...engine.feedback import Mistake, ranks_text, values
+from .mistakes import FLOAT32, schedule_mistake, value_hint
+from .ranks import (
     MASTER_PLAN,
     SCHEDULE_CASES,
     STEP_PLAN,
     agree_case,
     initial_shard,
     overflows,
-    scaled_grad,
     schedule_run,
     step_case,
     torch_schedule,
     torch_steps,
-    true_grad,
 )
 
-RULES = (AMP,)
 AGREE_WORLDS, STEP_WORLDS, MASTER_WORLDS = (1, 2, 3, 4), (1, 2, 4), (1, 3)
-
-
-def ranks_text(ranks: list[int]) -> str:
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
 
 
 # -- part 1: the schedule --------------------------------------------------------------------
@@ -85,13 +64,11 @@ def _flags_text(flags: list[int]) -> str:
 
 
 def check_agree_found_inf(learner) -> str:
-    for p in AGREE_WORLDS:
-        cases = _agree_cases(p)
-        labels = [f"world_size={p}, {_flags_text(c)}" for c in cases]
-        ranks = learner.run_ranks(agree_case, p, [(c,) for c in cases], "agree_found_inf",
-                                  labels)
-        for i, (flags, label) in enumerate(zip(cases, labels)):
-            _judge_agreement([ranks[r][i]["value"] for r in range(p)], flags, label)
+    worlds = {p: [(c,) for c in _agree_cases(p)] for p in AGREE_WORLDS}
+    for _, (flags,), label, results in learner.each_world(
+            agree_case, "agree_found_inf", worlds,
+            lambda p, flags: f"world_size={p}, {_flags_text(flags)}"):
+        _judge_agreement([r["value"] for r in results], flags, label)
     return ("every rank returns True exactly when some rank found an inf, on 1 to 4 ranks, "
             "whichever rank it is")
 
@@ -132,10 +109,10 @@ def check_master_step(learner) -> str:
 
 
 def _run_steps(learner, name: str, worlds, plan: dict, master: bool) -> None:
-    for p in worlds:
-        label = f"world_size={p}"
-        ranks = learner.run_ranks(step_case, p, [(plan, master)], name, [label])
-        got = [ranks[r][0]["value"] for r in range(p)]
+    for p, _, label, results in learner.each_world(
+            step_case, name, {p: [(plan, master)] for p in worlds},
+            lambda p, *_: f"world_size={p}"):
+        got = [r["value"] for r in results]
         want = torch_steps(p, plan, master)
         for k in range(plan["steps"]):
             where = f"with {label}, step {k}"
@@ -177,10 +154,10 @@ def _judge_skip(got, want, k: int, p: int, plan: dict, where: str) -> None:
 def _judge_values(got, want, k: int, p: int, plan: dict, master: bool, where: str) -> None:
     for r in range(p):
         mine, ref = got[r][k]["param"], want[k]["params"][r]
-        if not torch.allclose(mine, ref, rtol=1e-6, atol=0):
+        if not close(mine, ref, FLOAT32):
             raise Mistake(f"{where}: rank {r}'s {'master ' if master else ''}parameters are "
                           f"{values(mine)}, expected {values(ref)}; "
-                          f"{_value_hint(got, want, k, r, plan, master)}")
+                          f"{value_hint(got, want, k, r, plan, master)}")
         if master:
             model, ref16 = got[r][k]["model"], ref.half()
             if not torch.equal(model, ref16):
@@ -191,41 +168,6 @@ def _judge_values(got, want, k: int, p: int, plan: dict, master: bool, where: st
                         "to float16 (model.data.copy_(master))")
                 raise Mistake(f"{where}: rank {r}'s float16 model holds {values(model)}, "
                               f"expected {values(ref16)}; {hint}")
-
-
-def _value_hint(got, want, k: int, r: int, plan: dict, master: bool) -> str:
-    """Which known mistake, replayed from the oracle's state before step ``k`` (the runs
-    were equal until then), gives the learner's parameters."""
-    before = want[k - 1] if k else None
-    p0 = before["params"][r] if before else initial_shard(r)
-    buf = before["bufs"][r] if before else None
-    scale = before["scale"] if before else plan["init_scale"]
-    g, mine = true_grad(k, r, master), got[r][k]["param"]
-    grown = want[k]["scale"] / scale
-    candidates = [(scale, f"the update is {scale:g} (the scale) times too large: the "
-                          "gradients still hold loss * scale: divide them by the scale "
-                          "before optimizer.step()"),
-                  (1 / scale, "the update is the scale times too small: the gradients were "
-                              "divided by the scale twice")]
-    if grown != 1:
-        candidates.append((1 / grown, "the gradients were divided by the scale after "
-                                      "update_scale changed it: unscale with the scale they "
-                                      "were made with, then update it"))
-    if master:
-        g16 = scaled_grad(k, r, scale, {}, True)
-        candidates.append(((g16 / scale).float() / g, "the gradients were unscaled in "
-                           "float16, where values of ~2^-20 fall below float16's normal "
-                           "range and lose their low bits: convert them to float32 first, "
-                           "then divide by the scale (master.grad = model.grad.float() / "
-                           "scale)"))
-    for c, text in candidates:
-        step = c * g if buf is None else plan["momentum"] * buf + c * g
-        if torch.allclose(mine, p0 - plan["lr"] * step, rtol=1e-6, atol=0):
-            return text
-    if master:
-        return ("unscale the float16 gradients into the float32 masters' .grad, step the "
-                "optimizer (it holds the masters), then copy the masters into the model")
-    return "unscale the gradients (divide by the current scale), then optimizer.step()"
 
 
 def _judge_state(got, want, k: int, p: int, plan: dict, where: str) -> None:
@@ -252,11 +194,3 @@ def _judge_state(got, want, k: int, p: int, plan: dict, where: str) -> None:
             k, before, bad, (s[0], int(s[1])), w,
             (2.0, 0.5, plan["growth_interval"]), False))
 
-
-TESTS = [  # in notebook order
-    GradedTest("test_update_scale", 3, ("update_scale",), check_update_scale, RULES),
-    GradedTest("test_agree_found_inf", 2, ("agree_found_inf",), check_agree_found_inf, RULES),
-    GradedTest("test_scaled_step", 4, ("scaled_step",), check_scaled_step, RULES),
-    GradedTest("test_master_step", 3, ("master_step",), check_master_step, RULES,
-               part="stretch"),
-]

@@ -1,19 +1,6 @@
-"""Tests of exercise 09: communication efficiency. ``hierarchical_all_reduce`` (reduce-scatter
-inside each node, all_reduce across nodes between the ranks with the same local index,
-all-gather inside the node: Horovod's and NCCL's two-level all_reduce), ``topk_step`` (top-k
-sparsification with error feedback; Stich et al. 2018, Lin et al. 2018) and, as the stretch
-part, ``powersgd_step`` (one step of PowerSGD; Vogels et al., NeurIPS 2019).
-
-Each runs in launched worlds on the local backend (oracles in ``comm_probe.py``). A node is
-``per_node`` consecutive ranks (rank // per_node), as on a cluster launched node by node.
-The traffic is observed, not reported: every message the learner's ranks send (their own or
-a collective's) is counted by the grader's transport, per destination, and the bytes that
-cross nodes are compared with the formula 2(N-1)·n·e in all (a ring across the N nodes on
-each 1/per_node shard; with N = 2 or 3 nodes every all_reduce algorithm moves exactly this).
-``md.all_reduce(..., algorithm="hierarchical")``, ``minidist.compression`` and torch's
-PowerSGD hook are out of reach, and the shared-memory all_reduce is off so that every byte
-is a message (the sandbox's ``COMM_EFFICIENCY`` rule).
-"""
+"""Exercise 09's tests: every rank's sum and the bytes that cross nodes for the hierarchical
+all_reduce, top-k's average and residuals step by step with the bytes sent, and PowerSGD's
+M_hat and new Q with its bytes."""
 
 from __future__ import annotations
 
@@ -21,20 +8,17 @@ import math
 
 import torch
 
-from ..engine.feedback import Mistake, values
-from ..engine.sandbox import COMM_EFFICIENCY
-from ..engine.spec import GradedTest
-from .comm_feedback import (
+from ...engine.feedback import Mistake, ranks_text, values
+from .mistakes import (
     avg_hint,
     close,
     mismatch,
     power_hint,
-    ranks_text,
     residual_hint,
     split_hint,
     sum_hint,
 )
-from .comm_probe import (
+from .ranks import (
     DTYPES,
     hierarchy_case,
     hierarchy_sum,
@@ -48,7 +32,6 @@ from .comm_probe import (
     topk_reference,
 )
 
-RULES = (COMM_EFFICIENCY,)
 # world size -> [(per_node, n, dtype)]: 1 to 3 nodes of 1 to 4 ranks, lengths that do and
 # do not divide by per_node
 HIER_CASES = {4: [(2, 12, "float64"), (2, 9, "float64"), (2, 8, "float32")],
@@ -71,14 +54,10 @@ def _hier_label(world: int, per_node: int, n: int, dtype: str) -> str:
 
 
 def check_hierarchical(learner) -> str:
-    for world, cases in HIER_CASES.items():
-        labels = [_hier_label(world, *c) for c in cases]
-        ranks = learner.run_ranks(hierarchy_case, world, [tuple(c) for c in cases],
-                                  "hierarchical_all_reduce", labels)
-        for k, ((per_node, n, dtype), label) in enumerate(zip(cases, labels)):
-            results = [ranks[r][k] for r in range(world)]
-            _judge_sums(results, per_node, n, dtype, label)
-            _judge_inter_node(results, per_node, n, dtype, label)
+    for _, (per_node, n, dtype), label, results in learner.each_world(
+            hierarchy_case, "hierarchical_all_reduce", HIER_CASES, _hier_label):
+        _judge_sums(results, per_node, n, dtype, label)
+        _judge_inter_node(results, per_node, n, dtype, label)
     n_cases = sum(len(c) for c in HIER_CASES.values())
     return (f"every rank holds the sum of all ranks' tensors, and the bytes that cross nodes "
             f"are the formula 2(N-1)·n·e (only shards, only between ranks of the same local "
@@ -148,16 +127,14 @@ def _judge_inter_node(results: list[dict], per_node: int, n: int, dtype: str,
 
 # -- part 2: top-k with error feedback ---------------------------------------------------------
 def check_topk(learner) -> str:
-    for world, cases in TOPK_CASES.items():
-        labels = [f"world_size={world}, n={n}, k={k}" for n, k, _, _ in cases]
-        ranks = learner.run_ranks(topk_case, world, [tuple(c) for c in cases], "topk_step",
-                                  labels)
-        for c, ((n, k, steps, seed), label) in enumerate(zip(cases, labels)):
-            runs = [ranks[r][c]["value"] for r in range(world)]
-            for step in range(steps):
-                _judge_topk_step(runs, step, (n, k, seed), label)
-            total = sum(ranks[r][c]["traffic"]["bytes_sent"] for r in range(world))
-            _judge_topk_bytes(total, world, (n, k, steps), label)
+    for world, (n, k, steps, seed), label, results in learner.each_world(
+            topk_case, "topk_step", TOPK_CASES, lambda p, n, k, *_: f"world_size={p}, n={n}, "
+                                                                    f"k={k}"):
+        runs = [r["value"] for r in results]
+        for step in range(steps):
+            _judge_topk_step(runs, step, (n, k, seed), label)
+        total = sum(r["traffic"]["bytes_sent"] for r in results)
+        _judge_topk_bytes(total, world, (n, k, steps), label)
     return ("the average of the ranks' top-k vectors and each rank's residual equal the "
             "float64 oracle at every step of 3 to 4 steps, each fed the residual you returned, "
             "on 2 to 4 ranks; only k values and k indices per rank travel")
@@ -206,17 +183,17 @@ def _judge_topk_bytes(total: int, world: int, case: tuple, label: str) -> None:
 
 
 # -- part 3 (stretch): one PowerSGD step ------------------------------------------------------
+def _power_label(world: int, m: int, n: int, r: int, low: bool, _) -> str:
+    return (f"world_size={world}, M of shape ({m}, {n}){' (of rank r)' if low else ''}, "
+            f"rank r={r}")
+
+
 def check_powersgd(learner) -> str:
-    for world, cases in POWER_CASES.items():
-        labels = [f"world_size={world}, M of shape ({m}, {n}){' (of rank r)' if low else ''}, "
-                  f"rank r={r}" for m, n, r, low, _ in cases]
-        ranks = learner.run_ranks(powersgd_case, world, [tuple(c) for c in cases],
-                                  "powersgd_step", labels)
-        for c, (case, label) in enumerate(zip(cases, labels)):
-            results = [ranks[r][c]["value"] for r in range(world)]
-            _judge_powersgd(results, case, label)
-            total = sum(ranks[r][c]["traffic"]["bytes_sent"] for r in range(world))
-            _judge_powersgd_bytes(total, world, case, label)
+    for world, case, label, results in learner.each_world(
+            powersgd_case, "powersgd_step", POWER_CASES, _power_label):
+        _judge_powersgd([r["value"] for r in results], case, label)
+        total = sum(r["traffic"]["bytes_sent"] for r in results)
+        _judge_powersgd_bytes(total, world, case, label)
     return ("M ~ P Q^T and the new Q equal the float64 oracle on 2 and 3 ranks (exact on "
             "gradients of rank r), with 2(p-1)(m+n)·r·8 bytes in all: P and Q, never M")
 
@@ -257,11 +234,3 @@ def _judge_powersgd_bytes(total: int, world: int, case: tuple, label: str) -> No
     raise Mistake(f"with {label}: the ranks sent {total} bytes in all, where two all_reduces "
                   f"of P ({m}x{r}) and Q ({n}x{r}) move 2(p-1)(m+n)·r·8 = {formula}: {why}")
 
-
-TESTS = [  # in notebook order
-    GradedTest("test_hierarchical_all_reduce", 5, ("hierarchical_all_reduce",),
-               check_hierarchical, RULES),
-    GradedTest("test_topk_step", 5, ("topk_step",), check_topk, RULES),
-    GradedTest("test_powersgd_step", 3, ("powersgd_step",), check_powersgd, RULES,
-               part="stretch"),
-]

@@ -1,10 +1,10 @@
-"""What runs on each rank in exercise 09's tests (``comm_efficiency.py``), and their oracles.
+"""What runs on each rank in exercise 09's tests, and their oracles.
 
 The oracles are the grader's own, in float64, independent of minidist's hierarchical
 all_reduce and compression (out of reach while the tests run: the sandbox's
 ``COMM_EFFICIENCY`` rule):
 
-- hierarchical all_reduce: the sum of every rank's ``harness.pattern`` (exact integers, whose
+- hierarchical all_reduce: the sum of every rank's ``engine.data.pattern`` (exact integers, whose
   low bits say which ranks contributed), and the bytes a ring moves across nodes;
 - top-k with error feedback (Stich et al., "Sparsified SGD with Memory", NeurIPS 2018; Lin et
   al., "Deep Gradient Compression", ICLR 2018): every rank adds its residual, keeps its k
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.data import pattern
+from ...engine.data import pattern
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 

@@ -1,4 +1,4 @@
-"""What runs on each rank in exercise 10's tests (``bug_zoo.py``), and the oracles.
+"""What runs on each rank in exercise 10's tests, and the oracles.
 
 Each case builds the same small, seeded problem on every rank, hands it to the learner's
 fixed function and returns what came out (gradients, the summed tensor, the samples each
@@ -13,9 +13,16 @@ from __future__ import annotations
 
 import torch
 
-from ...errors import CommTimeout
-from ..engine.data import pattern
-from .amp_probe import flag_value
+from ....errors import CommTimeout
+from ...engine.compare import Tolerance
+from ...engine.compare import close as _close
+from ...engine.data import flag_value, pattern
+
+
+def close(a, b, tol: float = 1e-9) -> bool:
+    """``a`` is a tensor of ``b``'s shape, equal to it within ``tol`` (relative and
+    absolute); ``tol=0``: exactly."""
+    return _close(a, b, Tolerance(tol, tol))
 
 
 # -- bug 1: gradients summed, not averaged -----------------------------------------------------
@@ -131,6 +138,9 @@ def sampler_oracle(n: int, rank: int, world_size: int, epochs: int) -> list[list
 
 
 # -- bug 5: a ZeRO shard off by the padding ----------------------------------------------------
+ZERO_LR = 0.5
+
+
 def zero_start(n: int) -> torch.Tensor:
     return torch.randn(n, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
 

@@ -1,32 +1,30 @@
-"""What exercise 09's feedback says (``comm_efficiency.py``): given a learner's wrong tensor
-and the grader's oracle, name the mistake: which ranks a sum holds, which two ranks passed one
-colour to ``comm.split``, a residual not carried, top-k by signed value, a sum for an average,
-PowerSGD's P not orthonormalised or Q not averaged."""
+"""What exercise 09's feedback says: given a learner's wrong tensor and the grader's oracle,
+name the mistake: which ranks a sum holds, which two ranks passed one colour to
+``comm.split``, and the known mistakes of top-k and PowerSGD, declared as the oracle's
+variant that replays each (a residual not carried, top-k by signed value, a sum for an
+average, PowerSGD's P not orthonormalised or Q not averaged)."""
 
 from __future__ import annotations
 
 import torch
 
-from ..engine.data import contributors
-from ..engine.feedback import values
-from .comm_probe import local_of, node_of, powersgd_reference, topk_reference
+from ...engine.compare import Tolerance, isclose
+from ...engine.compare import close as _close
+from ...engine.data import contributors
+from ...engine.diagnose import diagnose
+from ...engine.feedback import ranks_text, values
+from .ranks import local_of, node_of, powersgd_reference, topk_reference
 
-
-def ranks_text(ranks: list[int]) -> str:
-    """"rank 3", "ranks 0 and 4", "ranks 0, 2 and 4"."""
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+TOLERANCE = Tolerance(1e-6, 1e-9)  # float64 oracles; the learner's float32 or float64 sums
 
 
 def close(a, b) -> bool:
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(
-        a.double(), b.double(), rtol=1e-6, atol=1e-9)
+    return _close(a, b, TOLERANCE)
 
 
 def differences(got, want) -> str:
     """Where two tensors of one shape differ: the first few positions, with both values."""
-    wrong = (~torch.isclose(got.double(), want.double(), rtol=1e-6, atol=1e-9)).flatten()
+    wrong = (~isclose(got, want, TOLERANCE)).flatten()
     at = wrong.nonzero().flatten().tolist()
     shown = ", ".join(f"[{i}] = {float(got.flatten()[i]):.6g} (expected "
                       f"{float(want.flatten()[i]):.6g})" for i in at[:3])
@@ -100,30 +98,32 @@ def avg_hint(avg, grads, res_in, at: tuple, runs, grads_of) -> str:
     k, step, rank = at
     world = len(grads)
     want, _, sent = topk_reference(grads, res_in, k)
-    if close(avg, world * want) and world > 1:
-        return (f"the result is the sum of the ranks' sparse gradients, not their average: "
-                f"divide by world_size ({world})")
-    if close(avg, topk_reference(grads, res_in, k, signed=True)[0]):
-        return ("the indices are those of the largest values by signed value, not by "
-                "magnitude: a large negative entry matters as much as a large positive one; "
-                "choose them by corrected.abs()")
-    if step > 0 and close(avg, topk_reference(grads, res_in, k, carry=False)[0]):
-        return ("the residual was not carried to the next step: here the top k were taken "
-                "from the gradient alone, without the residual handed in (add it first: "
-                "corrected = grad + residual); what was held back at step "
-                f"{step - 1} is lost for good. "
-                + drift_text(runs, step, grads_of))
-    if close(avg, sum(g + r for g, r in zip(grads, res_in)) / world):
-        return ("every entry was sent: keep only the k entries of largest magnitude on each "
-                "rank and zero the rest (that is the compression)")
-    if step > 0 and close(avg, sum(g * (s != 0) for g, s in zip(grads, sent)) / world):
-        return ("the right indices, but the values sent are the gradient's: send the "
-                "corrected values, grad + residual, at those indices")
-    if close(avg, sent[rank]) or close(avg, sent[rank] / world):
-        return ("that is this rank's own sparse gradient only: exchange the k values and "
-                "their indices with every rank (md.all_gather) and add them all up")
-    return ("each rank keeps the k entries of largest |grad + residual|; the result is the "
-            "average of those sparse vectors over the ranks")
+    own = ("that is this rank's own sparse gradient only: exchange the k values and their "
+           "indices with every rank (md.all_gather) and add them all up")
+    known = [  # (the average the mistake gives; None where it cannot show, hint)
+        (lambda: world * want if world > 1 else None,
+         "the result is the sum of the ranks' sparse gradients, not their average: divide by "
+         f"world_size ({world})"),
+        (lambda: topk_reference(grads, res_in, k, signed=True)[0],
+         "the indices are those of the largest values by signed value, not by magnitude: a "
+         "large negative entry matters as much as a large positive one; choose them by "
+         "corrected.abs()"),
+        (lambda: topk_reference(grads, res_in, k, carry=False)[0] if step > 0 else None,
+         lambda: "the residual was not carried to the next step: here the top k were taken "
+                 "from the gradient alone, without the residual handed in (add it first: "
+                 "corrected = grad + residual); what was held back at step "
+                 f"{step - 1} is lost for good. " + drift_text(runs, step, grads_of)),
+        (lambda: sum(g + r for g, r in zip(grads, res_in)) / world,
+         "every entry was sent: keep only the k entries of largest magnitude on each rank and "
+         "zero the rest (that is the compression)"),
+        (lambda: sum(g * (s != 0) for g, s in zip(grads, sent)) / world if step > 0 else None,
+         "the right indices, but the values sent are the gradient's: send the corrected "
+         "values, grad + residual, at those indices"),
+        (sent[rank], own), (lambda: sent[rank] / world, own),
+    ]
+    return diagnose(known, avg, tol=TOLERANCE) or (
+        "each rank keeps the k entries of largest |grad + residual|; the result is the "
+        "average of those sparse vectors over the ranks")
 
 
 def drift_text(runs: list[list[dict]], step: int, grads_of) -> str:
@@ -145,30 +145,33 @@ def residual_hint(res, corrected, grad, sent, step: int) -> str:
         return ("the new residual is all zeros: it must keep what this rank did not send, "
                 "corrected - sent (grad + residual with the k sent entries zeroed), for the "
                 "next step")
-    if close(res, corrected):
-        return ("the new residual still holds the k entries that were sent: zero them there, "
-                "or they are sent again at the next step")
-    if step > 0 and close(res, grad - sent):
-        return ("the residual was not carried to the next step: the new residual dropped the "
-                "residual handed in; new_residual = grad + residual - sent")
-    if close(res, sent):
-        return ("the residual holds the sent entries and zeros elsewhere: the reverse; keep "
-                "what was NOT sent")
-    return ("new_residual = (grad + residual) - this rank's own sparse vector (not the "
-            "average)")
+    known = [  # (the residual the mistake leaves; None where it cannot show, hint)
+        (corrected, "the new residual still holds the k entries that were sent: zero them "
+                    "there, or they are sent again at the next step"),
+        (grad - sent if step > 0 else None,
+         "the residual was not carried to the next step: the new residual dropped the "
+         "residual handed in; new_residual = grad + residual - sent"),
+        (sent, "the residual holds the sent entries and zeros elsewhere: the reverse; keep "
+               "what was NOT sent"),
+    ]
+    return diagnose(known, res, tol=TOLERANCE) or (
+        "new_residual = (grad + residual) - this rank's own sparse vector (not the average)")
+
+
+POWER_MISTAKES = [  # (the variant of ``ranks.powersgd_reference`` that replays it, hint)
+    ("no_orth", "P was not orthonormalised before Q = M^T P: without it P Q^T is not a "
+                "projection of M (torch.linalg.qr(P).Q)"),
+    ("orth_before_avg", "each rank orthonormalised its own P before averaging: all-reduce "
+                        "(average) P first, then orthonormalise, so every rank holds the "
+                        "same basis"),
+    ("sum", "the sum, not the average: divide the all-reduced P and Q by world_size"),
+    ("local_q", "Q = M^T P was not averaged over the ranks, so M_hat approximates this "
+                "rank's M, not the average of every rank's"),
+]
 
 
 def power_hint(approx, Ms, Q, rank: int) -> str:
-    hints = {"no_orth": "P was not orthonormalised before Q = M^T P: without it P Q^T is not "
-                        "a projection of M (torch.linalg.qr(P).Q)",
-             "orth_before_avg": "each rank orthonormalised its own P before averaging: "
-                                "all-reduce (average) P first, then orthonormalise, so every "
-                                "rank holds the same basis",
-             "sum": "the sum, not the average: divide the all-reduced P and Q by world_size",
-             "local_q": "Q = M^T P was not averaged over the ranks, so M_hat approximates "
-                        "this rank's M, not the average of every rank's"}
-    for variant, text in hints.items():
-        if close(approx, powersgd_reference(Ms, Q, rank, variant)[0]):
-            return text
-    return ("P = M Q averaged over the ranks, orthonormalised; Q = M^T P averaged; "
-            "M_hat = P Q^T")
+    return diagnose(POWER_MISTAKES, approx,
+                    lambda variant: powersgd_reference(Ms, Q, rank, variant)[0],
+                    tol=TOLERANCE) or \
+        "P = M Q averaged over the ranks, orthonormalised; Q = M^T P averaged; M_hat = P Q^T"

@@ -1,9 +1,16 @@
-"""What exercise 08's feedback says about a loss scale schedule that parted from torch's:
-given the step where the learner's (scale, tracker) first differs from
-``torch.amp.GradScaler``'s, and the state both held before it (the same, since the runs were
-equal until then), name the rule that was broken."""
+"""What exercise 08's feedback says about a loss scale schedule that parted from torch's
+(given the step where the learner's (scale, tracker) first differs from
+``torch.amp.GradScaler``'s, and the state both held before it: the same, since the runs were
+equal until then, name the rule that was broken), and the known mistakes of a skipped step,
+declared as the factor the update is off by."""
 
 from __future__ import annotations
+
+from ...engine.compare import Tolerance
+from ...engine.diagnose import diagnose
+from .ranks import initial_shard, scaled_grad, true_grad
+
+FLOAT32 = Tolerance(1e-6, 0.0, dtype=None)  # float32 parameters, judged in float32
 
 
 def _n(x: float) -> str:
@@ -72,3 +79,42 @@ def _clean_hint(s0, t0, s, t, ws, factors) -> str:
         return f"the scale changed from {_n(s0)} to {_n(s)} where torch's became {_n(ws)}"
     return (f"a clean step adds one to the tracker (expected {t0 + 1}), unless that makes "
             "it reach growth_interval (then the scale grows and the tracker is 0)")
+
+
+# -- a step's parameters -----------------------------------------------------------------------
+def value_hint(got, want, k: int, r: int, plan: dict, master: bool) -> str:
+    """Which known mistake, replayed from the oracle's state before step ``k`` (the runs
+    were equal until then), gives the learner's parameters."""
+    before = want[k - 1] if k else None
+    p0 = before["params"][r] if before else initial_shard(r)
+    buf = before["bufs"][r] if before else None
+    scale = before["scale"] if before else plan["init_scale"]
+    g, mine = true_grad(k, r, master), got[r][k]["param"]
+    grown = want[k]["scale"] / scale
+    known = [  # (the factor the mistake multiplies the gradient by, hint)
+        (scale, f"the update is {scale:g} (the scale) times too large: the gradients still "
+                "hold loss * scale: divide them by the scale before optimizer.step()"),
+        (1 / scale, "the update is the scale times too small: the gradients were divided by "
+                    "the scale twice")]
+    if grown != 1:
+        known.append((1 / grown, "the gradients were divided by the scale after update_scale "
+                                 "changed it: unscale with the scale they were made with, "
+                                 "then update it"))
+    if master:
+        g16 = scaled_grad(k, r, scale, {}, True)
+        known.append(((g16 / scale).float() / g, "the gradients were unscaled in float16, "
+                      "where values of ~2^-20 fall below float16's normal range and lose "
+                      "their low bits: convert them to float32 first, then divide by the "
+                      "scale (master.grad = model.grad.float() / scale)"))
+
+    def replay(c):
+        step = c * g if buf is None else plan["momentum"] * buf + c * g
+        return p0 - plan["lr"] * step
+
+    hint = diagnose(known, mine, replay, tol=FLOAT32)
+    if hint:
+        return hint
+    if master:
+        return ("unscale the float16 gradients into the float32 masters' .grad, step the "
+                "optimizer (it holds the masters), then copy the masters into the model")
+    return "unscale the gradients (divide by the current scale), then optimizer.step()"

@@ -1,1 +1,0 @@
-"""The authoritative tests, one module per graded notebook (see ``registry.EXERCISES``)."""

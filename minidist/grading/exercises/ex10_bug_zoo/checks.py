@@ -1,0 +1,307 @@
+"""Exercise 10's tests: each fixed function against its oracle on inputs that expose its bug,
+the feedback naming the symptom as it shows in a run, then the cause. The stretch's two:
+float16 training without loss scaling, graded against float32 gradients of the same problem
+(Micikevicius et al., ICLR 2018), and a 1F1B step that deadlocks when there are fewer
+micro-batches than stages, run on 2 and 4 stages (a deadlock is caught on the ranks and
+named: who waits for what, after how many passes) and judged against one process running
+the stages' layers in order (Narayanan et al., SOSP 2019)."""
+
+from __future__ import annotations
+
+import torch
+
+from ...engine.feedback import Mistake, ranks_text, values
+from . import ranks as probe
+from .mistakes import average_hint, indices, short, zero_why
+from .ranks import ZERO_LR as LR
+from .ranks import close
+from .ranks import close as _close
+
+
+# -- 1. gradients summed, not averaged ---------------------------------------------------------
+def _world(p: int, *_) -> str:
+    return f"world_size={p}"
+
+
+def check_average_gradients(learner) -> str:
+    for p, _, _, results in learner.each_world(probe.average_case, "average_gradients",
+                                               {2: [(0,)], 4: [(0,)]}, _world):
+        want = probe.mean_grads(0, p)
+        for r, result in enumerate(results):
+            for name, g, w in zip(("weight", "bias"), result["value"], want):
+                if _close(g, w):
+                    continue
+                raise Mistake(f"with world_size={p}: after average_gradients rank {r}'s "
+                              f"{name} gradient is {values(g)}, one process on all {p} ranks' "
+                              f"samples has {values(w)}: {average_hint(g, w, p, r)}")
+    return ("every rank's gradients equal one process's on all ranks' samples, on 2 and 4 "
+            "ranks")
+
+
+# -- 2. a ring that sends whole buffers --------------------------------------------------------
+RING_CASES = {4: [16, 10, 3], 3: [12, 7, 2], 2: [8, 5]}
+
+
+def check_ring_all_reduce(learner) -> str:
+    worlds = {p: [(n,) for n in sizes] for p, sizes in RING_CASES.items()}
+    for p, (n,), label, results in learner.each_world(
+            probe.ring_case, "ring_all_reduce", worlds,
+            lambda p, n: f"world_size={p}, n={n} float64 elements"):
+        want = probe.ring_sum(n, p)
+        for r, result in enumerate(results):
+            if not _close(result["value"], want, 0):
+                raise Mistake(f"with {label}: rank {r} ends with {values(result['value'])}, "
+                              f"the sum over the ranks is {values(want)}")
+        _judge_ring_bytes([r["traffic"]["bytes_sent"] for r in results], n, p, label)
+    return ("the exact sum on every rank, each rank sending at most 2(p-1) chunks of "
+            "ceil(n/p) elements (2(p-1)/p·n), on 2, 3 and 4 ranks, n divisible or not")
+
+
+def _judge_ring_bytes(sent: list[int], n: int, p: int, label: str) -> None:
+    ideal = 2 * (p - 1) * n * 8 / p  # bytes: float64
+    bound = 2 * (p - 1) * -(-n // p) * 8  # chunks of ceil(n / p)
+    worst = max(range(p), key=lambda r: sent[r])
+    if sent[worst] <= bound:
+        return
+    who = "each rank" if len(set(sent)) == 1 else f"rank {worst}"
+    raise Mistake(f"with {label}: the sum is right, but {who} sent {sent[worst]} bytes, "
+                  f"{sent[worst] / ideal:.1f}x the 2(p-1)/p·n = {ideal:g} bytes a ring sends "
+                  f"(ranks 0 to {p - 1} sent {', '.join(map(str, sent))}): each of the 2(p-1) "
+                  "steps "
+                  "must send ONE chunk of n/p elements (the one this step passes on), not the "
+                  "whole buffer")
+
+
+# -- 3. found_inf not agreed -------------------------------------------------------------------
+def check_sharded_step(learner) -> str:
+    plan = probe.STEP_PLAN
+    for p, _, _, results in learner.each_world(probe.sharded_case, "sharded_step",
+                                               {4: [(plan,)], 2: [(plan,)]}, _world):
+        got = [r["value"] for r in results]
+        want = probe.sharded_oracle(p, plan)
+        for k in range(plan["steps"]):
+            _judge_sharded_step(got, want, k, p)
+    return ("each rank's shard, the skipped steps and the scale equal one process holding "
+            "every shard over 5 steps, one rank's gradients overflowing (inf, then NaN), on 4 "
+            "and 2 ranks")
+
+
+def _judge_sharded_step(got, want, k: int, p: int) -> None:
+    where = f"with world_size={p}, step {k}"
+    bad = probe.overflow(p).get(k)
+    before = [got[r][k - 1]["param"] if k else probe.first_shard(r) for r in range(p)]
+    stepped = [r for r in range(p) if not torch.equal(got[r][k]["param"], before[r])]
+    skipped = [r for r in range(p) if r not in stepped]
+    if stepped and skipped:
+        cause = (f"only rank {bad[0]}'s gradients held {bad[1]}" if bad else
+                 "no rank's gradients overflowed")
+        raise Mistake(f"{where}: the ranks went separate ways: {ranks_text(skipped)} skipped "
+                      f"the optimizer step that {ranks_text(stepped)} took ({cause}). Each rank "
+                      "holds a different shard, so from now on the model's shards are out of "
+                      "step and its loss scales differ. Agree on found_inf across the ranks "
+                      "(all-reduce it with max) before deciding to skip")
+    if bad and stepped:
+        shard = values(got[bad[0]][k]["param"])
+        raise Mistake(f"{where}: every rank took the step although rank {bad[0]}'s gradients "
+                      f"held {bad[1]}: rank {bad[0]}'s shard is now {shard}. "
+                      "Skip the step on every rank when ANY rank found an inf or NaN (max, "
+                      "not min)")
+    if not bad and skipped:
+        raise Mistake(f"{where}: {ranks_text(skipped)} skipped a step where no gradient held "
+                      "an inf or NaN")
+    scales = [got[r][k]["scale"] for r in range(p)]
+    if len(set(scales)) > 1 or scales[0] != want[k]["scale"]:
+        raise Mistake(f"{where}: the loss scales are " + ", ".join(
+            f"rank {r}: {s:g}" for r, s in enumerate(scales)) + f", expected {want[k]['scale']:g} "
+            "on every rank: halve the scale on every rank that skips, and only then")
+    for r in range(p):
+        if not _close(got[r][k]["param"], want[k]["params"][r], 1e-12):
+            raise Mistake(f"{where}: rank {r}'s shard is {values(got[r][k]['param'])}, expected "
+                          f"{values(want[k]['params'][r])}: unscale (divide by the scale) and "
+                          "step only when no rank overflowed")
+        said = got[r][k]["stepped"]
+        if said != want[k]["stepped"]:
+            said = said["returned"] if isinstance(said, dict) else said
+            raise Mistake(f"{where}: rank {r}'s sharded_step returned {said}, "
+                          f"expected {want[k]['stepped']} (True when the optimizer stepped, "
+                          "False when it skipped)")
+
+
+# -- 4. a sampler without set_epoch ------------------------------------------------------------
+SAMPLER_CASES = {2: (10, 3), 3: (11, 3)}  # world size -> (samples, epochs)
+
+
+def check_train_epochs(learner) -> str:
+    worlds = {p: [case] for p, case in SAMPLER_CASES.items()}
+    for p, (n, epochs), label, results in learner.each_world(
+            probe.sampler_case, "train_epochs", worlds,
+            lambda p, n, epochs: f"world_size={p}, {n} samples, {epochs} epochs"):
+        for r, result in enumerate(results):
+            _judge_epochs(result["value"], probe.sampler_oracle(n, r, p, epochs), r, label)
+    return ("each rank visits its share of every epoch in torch's DistributedSampler order, a "
+            "new order each epoch, on 2 and 3 ranks")
+
+
+def _judge_epochs(seen: list[int], want: list[list[int]], r: int, label: str) -> None:
+    size = len(want[0])
+    if len(seen) != size * len(want):
+        raise Mistake(f"with {label}: rank {r} trained on {len(seen)} samples, expected "
+                      f"{size} per epoch for {len(want)} epochs ({size * len(want)})")
+    epochs = [seen[e * size:(e + 1) * size] for e in range(len(want))]
+    for e in range(1, len(want)):
+        if epochs[e] == epochs[e - 1] and want[e] != want[e - 1]:
+            raise Mistake(f"with {label}: on rank {r}, epoch {e - 1} and epoch {e} visit the "
+                          f"samples in the same order ({short(epochs[e])}): the sampler "
+                          "shuffles with seed + epoch, and its epoch never changed. Call "
+                          "sampler.set_epoch(epoch) at the start of every epoch, on every "
+                          "rank")
+    for e, (mine, theirs) in enumerate(zip(epochs, want)):
+        if mine != theirs:
+            same = " (epoch 0's order)" if mine == want[0] and e else ""
+            raise Mistake(f"with {label}: in epoch {e} rank {r} visited {short(mine)}{same}, "
+                          f"torch's DistributedSampler with set_epoch({e}) gives "
+                          f"{short(theirs)}: set the epoch before iterating, to the epoch's "
+                          "number")
+
+
+# -- 5. a ZeRO shard off by the padding --------------------------------------------------------
+ZERO_CASES = {4: [12, 10, 9, 5, 2], 3: [8, 7]}
+
+
+def check_zero_sgd_step(learner) -> str:
+    worlds = {p: [(n, LR) for n in sizes] for p, sizes in ZERO_CASES.items()}
+    for p, (n, _), label, results in learner.each_world(
+            probe.zero_case, "zero_sgd_step", worlds, lambda p, n, lr: _zero_label(n, p)):
+        start, grad = probe.zero_start(n), probe.zero_mean_grad(n, p)
+        want = start - LR * grad
+        for r, result in enumerate(results):
+            _judge_zero(result["value"], want, start, grad, n, p, r, label)
+    return ("every rank's parameters equal one SGD step on the mean gradient, for 2 to 12 "
+            "parameters on 3 and 4 ranks (divisible, padded, shards left empty)")
+
+
+def _zero_label(n: int, p: int) -> str:
+    shard = -(-n // p)
+    pad = shard * p - n
+    return (f"n={n} parameters on {p} ranks (shards of {shard}" +
+            (f", the last {pad} of the padded {shard * p} are padding)" if pad else ", no "
+             "padding)"))
+
+
+def _judge_zero(x, want, start, grad, n: int, p: int, r: int, label: str) -> None:
+    if _close(x, want, 1e-12):
+        return
+    if not isinstance(x, torch.Tensor) or x.shape != want.shape:
+        raise Mistake(f"with {label}: rank {r}'s parameters became {values(x)}; update them "
+                      "in place, keeping their shape")
+    shard = -(-n // p)
+    wrong = [i for i in range(n) if abs(float(x[i] - want[i])) > 1e-12]
+    owners = sorted({i // shard for i in wrong})
+    notes = [f"[{i}] = {float(x[i]):.6g} ({zero_why(x, i, start, grad)}expected "
+             f"{float(want[i]):.6g})" for i in wrong[:3]]
+    more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+    raise Mistake(f"with {label}: after one step, rank {r}'s parameters {indices(wrong)} are "
+                  f"wrong: {'; '.join(notes)}{more}. In the padded layout they belong to "
+                  f"{ranks_text(owners)}'s shard{'s' if len(owners) > 1 else ''} "
+                  f"[r·{shard}, (r+1)·{shard}): reduce_scatter gave rank r the gradient of "
+                  "exactly those positions, so update params[min(r·shard, n):min((r+1)·shard, "
+                  "n)] with it, and put the update back at the same place")
+
+
+# -- the stretch ------------------------------------------------------------------------------
+# -- 6. float16 without loss scaling -----------------------------------------------------------
+def check_fp16_step(learner) -> str:
+    for p, _, _, results in learner.each_world(probe.fp16_case, "fp16_step",
+                                               {1: [()], 2: [()]},
+                                               lambda p: f"world_size={p}"):
+        want = probe.fp16_oracle(p)
+        start = [w.detach().float() for w in probe.fp16_model().parameters()]
+        for k in range(probe.FP16["steps"]):
+            for r, result in enumerate(results):
+                _judge_fp16(result["value"][k], want[k], start, k, p, r)
+    return ("the float32 master weights move as float32 gradients move them (within 2%) over "
+            "2 steps, output gradients ~2^-26 (below float16's smallest subnormal), on 1 and 2 "
+            "ranks")
+
+
+def _judge_fp16(masters, want, start, k: int, p: int, r: int) -> None:
+    where = f"with world_size={p}, after step {k}"
+    for name, w, ref, w0 in zip(("weight", "bias"), masters, want, start):
+        if not isinstance(w, torch.Tensor) or w.shape != ref.shape:
+            raise Mistake(f"{where}: rank {r}'s master {name} is {values(w)}; update the "
+                          "masters in place (optimizer.step())")
+        moved, should = (w - w0).double(), (ref - w0).double()
+        if torch.linalg.norm(moved - should) <= 0.02 * torch.linalg.norm(should):
+            continue
+        size = float(torch.linalg.norm(should))
+        ratio = float((moved * should).sum() / (should * should).sum())
+        if float(torch.linalg.norm(moved)) < 1e-3 * size:
+            raise Mistake(f"{where}: rank {r}'s float32 master {name} has not moved (the "
+                          f"float32 gradient moves it by {size:.2g}): every float16 gradient "
+                          "underflowed to 0. The loss's gradient at the output is ~2^-26 "
+                          "≈ 1.5e-8 per element, below float16's smallest subnormal (2^-24 ≈ "
+                          "6e-8), so backward rounds it to 0 as it enters float16. Multiply "
+                          "the loss by a scale (2**16, say) before backward, and divide the "
+                          "gradients by it in float32, before the step (unscaling in "
+                          "float16 underflows the same way: convert first, then divide)")
+        if ratio > 2 and close(moved, ratio * should, 0.02):
+            raise Mistake(f"{where}: rank {r}'s master {name} moved {ratio:.4g}x as far as "
+                          "the float32 gradient moves it: the gradients still hold the "
+                          "scale: divide them by it (in float32) before optimizer.step()")
+        off = float(torch.linalg.norm(moved - should)) / size
+        raise Mistake(f"{where}: rank {r}'s master {name} is {values(w)}, float32 gradients "
+                      f"give {values(ref)} (your update is {off:.0%} off theirs): scale the "
+                      "loss before backward, convert the float16 gradients to float32, "
+                      "THEN divide by the scale (in float16 the division underflows again), "
+                      "average over the ranks, step")
+
+
+# -- 7. a 1F1B step that deadlocks -------------------------------------------------------------
+PIPE_CASES = {2: [1, 3], 4: [4, 2, 1, 6]}  # stages -> micro-batch counts, in this order
+
+
+def check_pipeline_1f1b(learner) -> str:
+    worlds = {p: [(m,) for m in counts] for p, counts in PIPE_CASES.items()}
+    for p, (m,), label, results in learner.each_world(
+            probe.pipeline_case, "pipeline_1f1b", worlds,
+            lambda p, m: f"{m} micro-batch{'es' if m > 1 else ''} on {p} stages"):
+        ranks = [r["value"] for r in results]
+        _judge_deadlock(ranks, m, p)
+        _judge_pipeline(ranks, probe.pipeline_oracle(p, m), m, p, label)
+    return ("no deadlock and the loss and every stage's gradients of one process running the "
+            "stages in order, for 1 to 6 micro-batches on 2 and 4 stages (fewer micro-batches "
+            "than stages too)")
+
+
+def _judge_deadlock(ranks: list[dict], m: int, p: int) -> None:
+    blocked = [r for r, out in enumerate(ranks) if "blocked" in out]
+    if not blocked:
+        return
+    parts = []
+    for r in blocked:
+        op, peer = ranks[r]["blocked"]["op"], ranks[r]["blocked"]["peer"]
+        f, b = ranks[r]["F"], ranks[r]["B"]
+        what = ("a gradient from" if peer == r + 1 else "an activation from") \
+            if "recv" in op else "its message to be received by"
+        parts.append(f"stage {r} ran {f} forward and {b} backward passes and waits in {op} for "
+                     f"{what} stage {peer}")
+    free = [r for r in range(p) if r not in blocked]
+    finished = f"; {ranks_text(free).replace('rank', 'stage')} finished" if free else ""
+    raise Mistake(f"the schedule deadlocks at m={m} micro-batch{'es' if m > 1 else ''} on {p} "
+                  f"stages: {'; '.join(parts)}{finished}. Stage r can have at most m "
+                  "micro-batches in flight: with fewer micro-batches than stages, its "
+                  "warm-up (p - r - 1 forwards) is cut to m, and so must be its cool-down, or "
+                  "it waits for a gradient that never comes")
+
+
+def _judge_pipeline(ranks: list[dict], want: dict, m: int, p: int, label: str) -> None:
+    last = ranks[p - 1]
+    if not isinstance(last.get("loss"), float) or abs(last["loss"] - want["loss"]) > 1e-9:
+        raise Mistake(f"with {label}: the last stage returned the loss {last.get('loss')!r}, "
+                      f"one process gives {want['loss']:.10g} (the sum over the micro-batches)")
+    for r in range(p):
+        for name, g, w in zip(("weight", "bias"), ranks[r]["grads"], want["grads"][r]):
+            if not close(g, w, 1e-9):
+                runs = f"it ran {ranks[r]['F']} forward and {ranks[r]['B']} backward passes"
+                raise Mistake(f"with {label}: stage {r}'s {name} gradient is {values(g)}, one "
+                              f"process gives {values(w)} ({runs}; expected {m} of each)")
