@@ -12,15 +12,15 @@ crash of the whole machine can leave a renamed file whose data never reached the
 restore then finds it damaged and falls back, or says how to start over.
 
 Reading: ``torch.load(weights_only=True)``, which rebuilds tensors and plain types only and
-refuses any other object without running it (with ``weights_only=False`` unpickling a file
-can call any function: a planted ``commit.pt`` would run its code in the agent). So a commit
+refuses any other object without running it (the unrestricted unpickler can call any
+function: a planted ``commit.pt`` would run its code in the agent). So a commit
 holds only tensors and plain types (``check_plain`` says which value is not, at the commit),
 and a file that holds anything else was not written by a commit: it is refused with a
 ``CommitError`` naming it and the objects. A damaged ``commit.pt`` (truncated, overwritten)
 falls back to ``commit.prev.pt`` with a warning naming both (the steps since are trained
 again); with no good previous commit it is a ``CommitError`` saying how to start over.
 The safe unpickler is written in Python: tensors load as fast as before, but a field of
-10,000 tuples adds about 50 ms to a restore here (1 ms with ``weights_only=False``), so
+10,000 tuples adds about 50 ms to a restore here (1 ms with the unrestricted one), so
 large records are better kept as tensors.
 
 A shared commit directory: anyone who can write there can replace the training state.
