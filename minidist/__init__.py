@@ -12,7 +12,7 @@
 See docs/architecture.md for the layers and where each thing lives.
 """
 
-from . import compression, costmodel, faults, models
+from . import compression, costmodel, faults, models, torch_backend
 from .collectives import (
     ALL_REDUCE_ALGORITHMS,
     Topology,
@@ -69,6 +69,8 @@ from .trace import Timeline, plot_gantt, to_chrome_trace
 from .transports.compute import Compute
 from .transports.network import Link, Network
 
+torch_backend.register()  # so dist.init_process_group("minidist") works after import minidist
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -92,5 +94,5 @@ __all__ = [
     "GradScaler", "MixedPrecision", "compression",
     "DeviceMesh", "HybridGPT",
     "LocalSGD",
-    "elastic",
+    "elastic", "torch_backend",
 ]
