@@ -10,7 +10,7 @@ import torch
 class MNIST(torch.utils.data.Dataset):
     def __init__(self, root=None, train: bool = True, download: bool = False,
                  transform=None, size: int | None = None):
-        n = size if size is not None else (2048 if train else 512)
+        n = size if size is not None else (1024 if train else 256)
         g = torch.Generator().manual_seed(0 if train else 1)
         images = torch.rand(n, 28, 28, generator=g) * 0.3
         labels = torch.randint(0, 10, (n,), generator=g)
