@@ -22,19 +22,30 @@
    incast, a straggler, DDP's overlap, a synchronous parameter server, a 1F1B bubble, on
    2, 4 and 8 ranks. Virtual times do not depend on this machine: run it anywhere, loaded
    or not, and the right half of the table is the same (except the parameter server's,
-   which answers messages in the order they reach it on the wall clock: its median step
-   is shown, which load moves only when it overtakes most requests).
+   whose workers' pushes meet on its port at one virtual instant and book it in the
+   order they reach it on the wall clock: its median step is shown).
+
+3. **Load** (virtual time). One program (8 ranks, or 4 with ``--quick``: matrix products
+   then a ring all-reduce, three times) alone and beside two processes that keep both
+   cores busy, with CPU-time compute and with the FLOP model: the virtual time each gives,
+   and loaded / alone. The FLOP model's ratio is exactly 1; the CPU-time clock's is what
+   this machine's load does to the CPU time of the same work (caches, memory bandwidth,
+   frequency), a reading of this machine, not of the model.
 """
 
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
 import time
+from contextlib import contextmanager
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 
+from ..collectives import all_reduce
 from ..launch import launch
 from ..models import mlp
 from ..parallel.data import DistributedDataParallel
@@ -47,6 +58,7 @@ VARIANTS = ("local", "virtual, CPU time", "virtual, FLOPs")
 LINK = Link(alpha=10e-6, bandwidth=10e9, name="10 GB/s")
 FULL = {"width": 512, "steps": 20, "world_sizes": (2, 4, 8), "rounds": 5}
 QUICK = {"width": 128, "steps": 4, "world_sizes": (2, 4), "rounds": 1}
+LOAD_RANKS = {"full": 8, "quick": 4}
 
 
 def add_arguments(parser) -> None:
@@ -97,6 +109,49 @@ def cost(cfg: dict, world_sizes, rounds: int) -> list[dict]:
     return rows
 
 
+def _busy(comm, chunks: int) -> float:
+    """Six products of a 96 x 96 matrix, then a ring all-reduce, ``chunks`` times: the
+    virtual seconds it takes on this rank."""
+    a = torch.randn(96, 96, generator=torch.Generator().manual_seed(comm.rank)) / 10
+    comm.barrier()
+    start = comm.now()
+    for _ in range(chunks):
+        for _ in range(6):
+            a = torch.tanh(a @ a)
+        all_reduce(comm, a, algorithm="ring")
+    return comm.now() - start
+
+
+@contextmanager
+def _cpu_hogs(n: int):
+    """``n`` processes that spin on a core each, for the duration of the block."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def load(world_size: int, chunks: int = 3) -> list[dict]:
+    """The slowest rank's virtual time of ``_busy``, alone and beside two CPU hogs, with
+    CPU-time compute and with the FLOP model (module docstring, part 3)."""
+    rows = []
+    for variant, compute in (("CPU time", None), ("FLOPs", Compute(flops=1e12, efficiency=1))):
+        net = Network.uniform(LINK, compute=compute)
+        run = partial(launch, _busy, world_size, args=(chunks,), network=net, clock="virtual")
+        alone = max(run())
+        with _cpu_hogs(2):
+            loaded = max(run())
+        rows.append({"variant": variant, "ranks": world_size, "alone_ms": alone * 1e3,
+                     "loaded_ms": loaded * 1e3, "ratio": loaded / alone})
+    return rows
+
+
+LOAD_COLUMNS = [("variant", "compute", "s"), ("ranks", "ranks", "d"),
+                ("alone_ms", "alone (virtual ms)", ".4f"),
+                ("loaded_ms", "beside 2 hogs", ".4f"), ("ratio", "loaded / alone", ".3f")]
 COST_COLUMNS = [("world_size", "ranks", "d"), ("variant", "clock", "s"),
                 ("ms", "wall ms/step", ".2f"), ("vs_local", "x local", ".2f")]
 FIDELITY_COLUMNS = [("scenario", "scenario", "s"), ("ranks", "ranks", "d"),
@@ -122,5 +177,11 @@ def main(args) -> dict:
           f"run on {LINK}\n")
     fid = fidelity(world_sizes)
     print(format_table(fid, FIDELITY_COLUMNS))
-    result = {"config": dict(cfg, link=repr(LINK)), "cost": rows, "fidelity": fid}
+    ranks = LOAD_RANKS["quick" if quick else "full"]
+    print(f"\n3. Load: the same program on {ranks} ranks alone and beside two CPU-hogging "
+          "processes (virtual time)\n")
+    loaded = load(ranks)
+    print(format_table(loaded, LOAD_COLUMNS))
+    result = {"config": dict(cfg, link=repr(LINK)), "cost": rows, "fidelity": fid,
+              "load": loaded}
     return save_outputs(args, result)

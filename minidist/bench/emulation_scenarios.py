@@ -165,8 +165,8 @@ def _ps(comm, steps: int):
 
 def param_server(p: int):
     """One server, p - 1 workers: a step ends when the last worker has its parameters.
-    The median step (a step now and then is slower: a pull request overtaken in wall time
-    by a later push is answered late)."""
+    The median step (a step now and then is slower: the workers' pushes meet on the
+    server's port at one virtual instant and book it in wall-clock order)."""
     steps, n = 10, (256 * 256 + 256) * 2 * 4
     out = launch(_ps, p, args=(steps,), network=_net(), clock="virtual")
     last = [max(pulls[k] for pulls in out[1:]) for k in range(steps)]

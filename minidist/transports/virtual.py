@@ -23,16 +23,15 @@ fine, since the launch's ``timeout`` bounds *wall* time, which a long modelled m
 not take. A rank waiting for a message nobody sends still gets ``CommTimeout`` after
 ``timeout`` seconds of wall time.
 
-What it does not do: order events globally. SMPI (Degomme et al., IEEE TPDS 2017) runs
-every rank inside one discrete-event simulation, so messages meet in virtual-time order.
-Here every rank runs freely and the ports decide: reservations are made in wall-clock
-order (back-filling makes that matter only where two messages want the same port at once),
-and a rank handles its messages in the order they reach it in wall time: a parameter
-server that takes a later push before an earlier pull request answers that pull late,
-since its clock has already moved on. Patterns with named peers and no two senders on one
-port at once (rings, trees, pipelines, DDP) give the same virtual times on every run;
-servers that receive from ANY_SOURCE can only be slower than the model, a step now and
-then on a quiet machine, most steps on a loaded one (``minidist bench emulation``).
+A receive from ANY_SOURCE takes the message that arrives first in *virtual* time: it is
+posted, naming its source, only once no other rank can still send an earlier one
+(``horizon.py``: the ranks publish what bounds their next send on a shared board, the
+conservative rule of parallel discrete-event simulation). So a parameter server answers
+its pulls and pushes in the order a cluster would, on every run and under any load. What
+it still does not do is order *reservations* globally: SMPI (Degomme et al., IEEE TPDS
+2017) runs every rank inside one discrete-event simulation; here two messages that want
+the same port at once book it in wall-clock order (back-filling makes that matter only
+where their intervals overlap).
 
 The ports' intervals are shared by every rank, in one small array (``PortIntervals``); the
 ingress ports of each rank are guarded by a lock of their own (a pipe holding one token
@@ -47,13 +46,16 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 
 import torch
 
 from ..errors import SlowLinkTimeout
 from .clock import VirtualClock
 from .emulated import _takes
+from .horizon import ANY, DONE, NAMED, RUNNING, Board, safe
 from .intervals import CAPACITY, book, earliest_start, pack, unpack
+from .local import ANY as ANY_SOURCE
 from .local import LocalTransport, RecvRequest
 from .network import Network
 
@@ -66,25 +68,26 @@ class PortIntervals:
     in the ``WorldSpec``. ``locks[d]`` (a pipe: read the token to hold it) guards rank d's
     ingress ports; a rank's own egress is only ever booked by its threads (``_egress``)."""
 
-    def __init__(self, array, locks):
-        self._array, self.locks = array, locks
+    def __init__(self, array, locks, board_array):
+        self._array, self.locks, self._board_array = array, locks, board_array
         self._egress = threading.Lock()
+        self.board = Board(board_array, len(locks))  # ANY_SOURCE's horizon (horizon.py)
 
     @classmethod
     def create(cls, ctx, world_size: int) -> PortIntervals:
-        """``ctx``: the multiprocess context the ranks start with; the array comes from its
+        """``ctx``: the multiprocess context the ranks start with; the arrays come from its
         heap, a file in /dev/shm unlinked as soon as it is created."""
         array = ctx.RawArray("d", world_size * 4 * _WIDTH)
         locks = [ctx.Pipe(duplex=False) for _ in range(world_size)]
         for _, w in locks:
             os.write(w.fileno(), b"\0")  # the token: whoever reads it holds the lock
-        return cls(array, locks)
+        return cls(array, locks, ctx.RawArray("d", Board.size(world_size)))
 
     def __getstate__(self):
-        return {"_array": self._array, "locks": self.locks}
+        return {"_array": self._array, "locks": self.locks, "_board_array": self._board_array}
 
     def __setstate__(self, state):
-        self.__init__(state["_array"], state["locks"])
+        self.__init__(state["_array"], state["locks"], state["_board_array"])
 
     def _port(self, i: int):
         a = self._array
@@ -151,19 +154,46 @@ class _Sent:
     done = property(lambda self: self.inner.done)
 
 
+class _AnyRecv:
+    """A receive from ANY_SOURCE on virtual time: posted to the local transport, naming its
+    source, once the board says which message arrives first (``horizon.py``). Until then
+    it reads as a receive nothing has matched."""
+
+    __slots__ = ("t", "ctx", "tag", "code", "nbytes", "inner")
+    src, peer_left = ANY_SOURCE, False
+
+    def __init__(self, t: torch.Tensor, ctx: int, tag: int, code: int):
+        self.t, self.ctx, self.tag, self.code = t, ctx, tag, code
+        self.nbytes = t.numel() * t.element_size()
+        self.inner: RecvRequest | None = None
+
+    def _get(self, name: str, unbound):
+        return unbound if self.inner is None else getattr(self.inner, name)
+
+    done = property(lambda self: self._get("done", False))
+    mismatch = property(lambda self: self._get("mismatch", False))
+    source = property(lambda self: self._get("source", -1))
+    msg_code = property(lambda self: self._get("msg_code", -1))
+    msg_nbytes = property(lambda self: self._get("msg_nbytes", -1))
+    stamp = property(lambda self: self._get("stamp", 0.0))
+
+
 class VirtualTransport:
     """A ``LocalTransport`` whose messages take the time ``network`` says on ``clock``
-    (module docstring). Receives are the local transport's own requests; their ``stamp``
-    is the delivery time."""
+    (module docstring). Receives are the local transport's own requests (their ``stamp``
+    is the delivery time), except from ANY_SOURCE (``_AnyRecv``)."""
 
     name = "emulated"
     cuda_native = False
+    ANY_SLICE = 0.001  # seconds an ANY_SOURCE receive sleeps between looks at the board
 
     def __init__(self, inner: LocalTransport, network: Network, ports: PortIntervals,
                  clock: VirtualClock, timeout: float = math.inf):
         self.inner, self.network, self.ports, self.clock = inner, network, ports, clock
         self.timeout = timeout
         self.rank, self.world_size = inner.rank, inner.world_size
+        self.board = ports.board
+        inner.on_read = lambda src: self.board.count_read(src, self.rank)
         self._last_poll: tuple[int, float] | None = None  # (request id, clock) of a test
 
     def capability(self, name: str):
@@ -171,13 +201,28 @@ class VirtualTransport:
         ``"shared_scratch"`` nor ``"shared_memory"``: they would bypass the links."""
         return self.network if name == "network" else None
 
+    # -- the board (horizon.py): only the rank's main thread speaks for it ----------------------
+    @staticmethod
+    def _main() -> bool:
+        return threading.current_thread() is threading.main_thread()
+
+    def _publish(self, mode: int, t: float | None = None, aux: float = 0.0) -> None:
+        if self._main():
+            self.board.publish(self.rank, mode, self.clock.now() if t is None else t, aux)
+
+    def _alpha(self, src: int, dst: int) -> float:
+        return 0.0 if src == dst else self.network.link(src, dst).alpha
+
     def isend(self, t: torch.Tensor, dst: int, ctx: int, tag: int, code: int) -> _Sent:
         now = self.clock.now()
         sent = delivered = now  # to oneself: not on the network
         if dst != self.rank:
             sent, delivered = self._reserve(dst, t.numel() * t.element_size(), now, tag)
-        return _Sent(self.inner.isend(t, dst, ctx, tag, code, stamp=delivered), sent)
-
+        with self.inner.lock:  # counted before it can be read: the board's invariant
+            self.board.count_sent(self.rank, dst)
+            req = _Sent(self.inner.isend(t, dst, ctx, tag, code, stamp=delivered), sent)
+        self._publish(RUNNING, now)
+        return req
     def _reserve(self, dst: int, nbytes: int, now: float, tag: int) -> tuple[float, float]:
         """(when the bytes have left this rank, when they are delivered at ``dst``)."""
         link = self.network.link(self.rank, dst)
@@ -190,7 +235,9 @@ class VirtualTransport:
                                      now, busy) + busy
         return now, now + link.alpha
 
-    def irecv(self, t: torch.Tensor, src: int, ctx: int, tag: int, code: int) -> RecvRequest:
+    def irecv(self, t: torch.Tensor, src: int, ctx: int, tag: int, code: int):
+        if src == ANY_SOURCE:
+            return _AnyRecv(t, ctx, tag, code)
         return self.inner.irecv(t, src, ctx, tag, code)
 
     @staticmethod
@@ -200,12 +247,78 @@ class VirtualTransport:
     def wait(self, req, timeout: float) -> bool:
         """Wait (wall time, at most ``timeout`` seconds) for the bytes, then move the clock
         to the request's modelled completion."""
-        if not self.inner.wait(req.inner if isinstance(req, _Sent) else req, timeout):
-            return False
-        self.clock.at_least(self._due(req))
-        return True
+        if isinstance(req, _AnyRecv):
+            return self._wait_any(req, timeout)
+        raw = req.inner if isinstance(req, _Sent) else req
+        if not raw.done:
+            self._publish_blocked(raw)
+        try:
+            if not self.inner.wait(raw, timeout):
+                return False
+            self.clock.at_least(self._due(req))
+            return True
+        finally:
+            self._publish(RUNNING)
+
+    def _publish_blocked(self, raw) -> None:
+        """Before a wait: blocked on a named source that nothing has matched yet, or (a
+        send, a receive already matched) still running to a known time."""
+        if not self._main():
+            return
+        with self.inner.lock:
+            if isinstance(raw, RecvRequest) and raw.source == -1 and raw.src != self.rank:
+                self._publish(NAMED, aux=raw.src)
+            elif isinstance(raw, RecvRequest) and raw.source != -1:
+                self._publish(RUNNING, max(self.clock.now(), raw.stamp))
+
+    def _wait_any(self, req: _AnyRecv, timeout: float) -> bool:
+        deadline = time.perf_counter() + timeout
+        bell = self.inner.my_bell
+        while req.inner is None:
+            seen = bell.value
+            if self._take_first(req, blocking=True):
+                break
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                self._publish(RUNNING)
+                return False
+            self.inner.seg.sleep_on_bell(bell, seen, min(self.ANY_SLICE, left))
+        return self.wait(req.inner, max(0.0, deadline - time.perf_counter()))
+
+    def _take_first(self, req: _AnyRecv, blocking: bool) -> bool:
+        """Post ``req`` for the message that arrives first in virtual time, if no earlier
+        one can still come (``horizon.safe``); ``blocking``: say so on the board."""
+        with self.inner.lock:
+            self.inner.progress(drain=True)  # every message that is here, read off its ring
+            if self.board.in_flight(self.rank):
+                return False
+            first = self._first_candidate(req)
+            now, arrives = self.clock.now(), math.inf if first is None else first[0]
+            if blocking:
+                self._publish(ANY, now, arrives)
+            if first is None or not safe(self.board, self.rank, now, arrives, self._alpha,
+                                         self.inner.seg.has_left):
+                return False
+            req.inner = self.inner.irecv(req.t, first[1], req.ctx, req.tag, req.code)
+            return True
+
+    def _first_candidate(self, req: _AnyRecv) -> tuple[float, int] | None:
+        """(arrival, source) of the earliest message that matches ``req`` among those read
+        off the rings: each source's first match only (one source's messages keep their
+        order, as MPI requires)."""
+        best, sources = None, set()
+        for msg in self.inner.unexpected:
+            if msg.ctx == req.ctx and msg.tag == req.tag and msg.src not in sources:
+                sources.add(msg.src)
+                if best is None or (msg.stamp, msg.src) < best:
+                    best = (msg.stamp, msg.src)
+        return best
 
     def test(self, req) -> bool:
+        if isinstance(req, _AnyRecv):
+            if req.inner is None and not self._take_first(req, blocking=False):
+                return False
+            req = req.inner
         if not self.inner.test(req.inner if isinstance(req, _Sent) else req):
             return False
         due, now = self._due(req), self.clock.now()
@@ -216,4 +329,5 @@ class VirtualTransport:
         return True
 
     def close(self) -> None:
+        self._publish(DONE)
         self.inner.close()

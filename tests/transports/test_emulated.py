@@ -1,10 +1,14 @@
 """The emulated network (transports/emulated.py, transports/network.py): messages take the
 time the described links say, results stay bitwise the same, bad arguments are refused.
 
-Timings are noisy on a shared 2-core machine, so the links are slow enough (100-200 MB/s,
-0.5-2 ms) for the emulated time to dominate, every timed phase starts at one agreed instant
-on every rank, and measured / expected must lie in [0.9, 1.5] (0.85 where the model lets
-a schedule beat the simple formula). The emulation can only add time, never remove it.
+The emulation sleeps: it can only add time, never remove it, and a busy machine adds more.
+So a test asserts the lower bound alone (measured / expected >= 0.9; 0.85 where the model
+lets a schedule beat the simple formula), which load cannot break and which a network that
+skipped its model (no sleep, no queueing at a port) would fail. How close to the model the
+wall-clock emulation runs is a measurement of this machine: ``minidist bench emulation``
+and the virtual clock (test_virtual_time.py), whose figures are exact on any machine.
+The links are slow enough (100-200 MB/s, 0.5-2 ms) for the modelled time to dominate, and
+every timed phase starts at one agreed instant on every rank.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import torch
 
 import minidist as md
 
-LO, HI = 0.9, 1.5
+LO = 0.9
 
 
 def _together(comm, margin: float = 0.05) -> float:
@@ -32,8 +36,8 @@ def _together(comm, margin: float = 0.05) -> float:
     return t.item()
 
 
-def _within(measured: float, expected: float, lo: float = LO, hi: float = HI) -> bool:
-    return lo <= measured / expected <= hi
+def _at_least(measured: float, expected: float, lo: float = LO) -> bool:
+    return measured / expected >= lo
 
 
 # -- describing links and networks ---------------------------------------------------------
@@ -105,7 +109,7 @@ def test_pingpong_takes_alpha_plus_n_over_bandwidth():
     res = md.launch(_pingpong, 2, args=(sizes, 3), network=md.Network.uniform(link),
                     trace=True)
     ratios = {n: res[0][n] / link.time(n) for n in sizes}
-    assert all(LO <= r <= HI for r in ratios.values()), ratios
+    assert all(r >= LO for r in ratios.values()), ratios
     # the timeline shows the emulated time: rank 0's receive of the reply, posted before
     # its own send, lasts at least the round trip 2 (alpha + n / bandwidth)
     recvs = [e for e in res.timelines[0] if e["name"] == "irecv"]
@@ -130,7 +134,7 @@ def _ring_time(p: int, n: int, link) -> float:
 def test_ring_all_reduce_follows_the_alpha_beta_formula():
     p, n, link = 4, 4 << 20, md.Link(alpha=1e-3, bandwidth=100e6)
     res = md.launch(_timed_all_reduce, p, args=(n, "ring"), network=md.Network.uniform(link))
-    assert _within(max(res), _ring_time(p, n, link)), (max(res), _ring_time(p, n, link))
+    assert _at_least(max(res), _ring_time(p, n, link)), (max(res), _ring_time(p, n, link))
 
 
 def _incast(comm, n):
@@ -147,13 +151,12 @@ def _incast(comm, n):
 
 
 def test_incast_queues_at_the_receivers_port():
-    """Four senders share the receiver's one ingress port: alpha + 4n/bw, not alpha + n/bw."""
+    """Four senders share the receiver's one ingress port: alpha + 4n/bw, not alpha + n/bw
+    (3.7 times longer here: a network without the port would fail the second check)."""
     n, link = 1 << 20, md.Link(alpha=1e-3, bandwidth=100e6)
     one, four = md.launch(_incast, 5, args=(n,), network=md.Network.uniform(link))[0]
-    assert _within(one, link.time(n)), (one, link.time(n))
-    assert _within(four, link.alpha + 4 * n / link.bandwidth), (four, link.time(4 * n))
-    model = (link.alpha + 4 * n / link.bandwidth) / link.time(n)  # 3.7: about four
-    assert four / one > model * LO / HI, (one, four)
+    assert _at_least(one, link.time(n)), (one, link.time(n))
+    assert _at_least(four, link.alpha + 4 * n / link.bandwidth), (four, link.time(4 * n))
 
 
 def test_flat_ring_on_two_nodes_runs_at_the_inter_link_speed():
@@ -165,7 +168,7 @@ def test_flat_ring_on_two_nodes_runs_at_the_inter_link_speed():
     intra, inter = md.Link(alpha=20e-6, bandwidth=5e9), md.Link(alpha=0.5e-3, bandwidth=50e6)
     net = md.Network.cluster(nodes=2, per_node=4, intra=intra, inter=inter)
     took = max(md.launch(_timed_all_reduce, p, args=(n, "ring"), network=net))
-    assert _within(took, _ring_time(p, n, inter), lo=0.85), (took, _ring_time(p, n, inter))
+    assert _at_least(took, _ring_time(p, n, inter), lo=0.85), (took, _ring_time(p, n, inter))
     assert took > 10 * _ring_time(p, n, intra)
 
 

@@ -93,10 +93,10 @@ def test_a_sync_parameter_servers_step_follows_w_over_s_plus_1_times_n_over_b(wo
     hidden: compute + 2 alpha + (W/S + 1) N/B (``ps_step_time(pipelined=True)``). A step
     ends when the last worker has its parameters: the latest pull of each step, whatever
     order the server answered them in. Steps follow the formula, or are slower, never
-    faster: the server handles messages in the order they reach it in wall time, so a
-    pull request overtaken by a later push is answered late (``transports/virtual.py``);
-    on a quiet machine that is a step now and then (the median is the formula), on a
-    loaded one most steps, so the test asks for the formula's steps to be there."""
+    faster: the server takes its messages in virtual order (``transports/horizon.py``),
+    but the workers' pushes meet on its port at one virtual instant and book it in the
+    order they reach it in wall time, so a step now and then costs more
+    (``transports/virtual.py``); the test asks for the formula's steps to be there."""
     servers, link = 1, md.Link(alpha=2e-5, bandwidth=2e8)
     net = md.Network.uniform(link, compute=COMPUTE)
     steps = 10
