@@ -17,4 +17,5 @@ BENCHMARKS = {
     "costmodel": "minidist.bench.costmodel",
     "comm": "minidist.bench.comm",
     "emulation": "minidist.bench.emulation",
+    "horovod": "minidist.bench.horovod",
 }

@@ -41,7 +41,7 @@ from .functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
-from .ops import (
+from .mpi_ops import (
     Adasum,
     Average,
     Compression,

@@ -15,7 +15,7 @@ import io
 import torch
 
 from .context import context
-from .ops import allgather, broadcast_, broadcast_async_, synchronize
+from .mpi_ops import allgather, broadcast_, broadcast_async_, synchronize
 
 
 def broadcast_parameters(params, root_rank: int) -> None:

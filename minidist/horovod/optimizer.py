@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import torch
 
 from .context import size
-from .ops import Adasum, Average, Compression, Sum, allreduce_async_, op_name, synchronize
+from .mpi_ops import Adasum, Average, Compression, Sum, allreduce_async_, op_name, synchronize
 
 
 class _DistributedMixin:

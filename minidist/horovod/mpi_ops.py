@@ -1,4 +1,4 @@
-"""Horovod's collectives (``horovod.torch.mpi_ops``), on minidist's.
+"""Horovod's collectives (``horovod.torch.mpi_ops``, hence the name), on minidist's.
 
 Each ``X_async`` queues a request on the background thread (``engine.py``) and returns a
 handle; ``synchronize(handle)`` waits for it and returns the result; ``X`` is
