@@ -86,18 +86,23 @@ def _stop_signal(signum, frame) -> None:
 
 
 def _meeting_place(backend: str, nprocs: int, env: dict):
-    """The shared segment (local backend) or the TCPStore (torch) the ranks meet at."""
+    """The shared segment (local backend) and the TCPStore the ranks meet at. The store is
+    torch's env:// rendezvous too, as torchrun's agent store is (every rank a client of
+    it), so a plain torch script's ``dist.init_process_group(...)`` meets there on either
+    backend, ``"minidist"`` included."""
+    seg = None
     if backend == "local":
         from ..transports.shm_segment import Segment
 
         seg = Segment.create(nprocs)
         env["MINIDIST_SHM"] = seg.name
-        return seg, None
     store = host_store()
     env.update(MASTER_ADDR=LOOPBACK, MASTER_PORT=str(store.port),
-               MINIDIST_STORE_PORT=str(store.port))
+               TORCHELASTIC_USE_AGENT_STORE="True")
+    if backend == "torch":
+        env["MINIDIST_STORE_PORT"] = str(store.port)
     pin_gloo_to_loopback(env)
-    return None, store
+    return seg, store
 
 
 def _supervise(procs: list[subprocess.Popen], seg) -> int:

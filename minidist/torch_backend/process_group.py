@@ -161,13 +161,15 @@ class ProcessGroupMinidist(torch_private.TorchHooks):
                             output_lists)
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
+        """``output_lists[k][i]``: rank k's input i (torch's layout: one list per rank)."""
         call = "all_gather_coalesced"
-        check_count(call, output_lists, len(inputs), "output lists (one per input)")
-        for outs, x in zip(output_lists, inputs):
-            check_count(call, outs, self.comm.world_size, "output tensors")
-            check_tensors(call, [x, *outs])
+        check_count(call, output_lists, self.comm.world_size, "output lists (one per rank)")
+        for outs in output_lists:
+            check_count(call, outs, len(inputs), "outputs per rank (one per input)")
+        check_tensors(call, [*inputs, *(o for outs in output_lists for o in outs)])
+        per_input = [[outs[i] for outs in output_lists] for i in range(len(inputs))]
         return self._submit(call, lambda: [self._all_gather_list(outs, x)
-                                           for outs, x in zip(output_lists, inputs)],
+                                           for outs, x in zip(per_input, inputs)],
                             output_lists)
 
     def _all_gather_list(self, outs, x) -> None:
