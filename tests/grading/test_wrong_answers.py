@@ -68,7 +68,9 @@ def test_there_are_typical_wrong_answers_of_every_kind():
                  "hier_whole_tensor_across_nodes", "hier_flat_ring",
                  "hier_node_colour_assumes_2_per_node", "topk_residual_not_carried",
                  "topk_signed_not_magnitude", "topk_sum_not_average",
-                 "topk_dense_all_reduce"):
+                 "topk_dense_all_reduce", "files_ring_all_reduce", "files_ring_reduce_scatter",
+                 "files_hierarchical_all_reduce", "hier_leader_only", "hier_across_tree",
+                 "files_topk_step", "files_powersgd_step", "files_zoo10_ring"):
         assert kind in names
     assert len(WRONG) >= 50
 

@@ -47,6 +47,7 @@ def notebook(wrong: Wrong, root: pathlib.Path = ROOT):
 def all_wrong() -> list[Wrong]:
     from . import (
         bypasses,
+        exact_counts,
         exercise_00,
         exercise_01,
         exercise_02,
@@ -64,4 +65,5 @@ def all_wrong() -> list[Wrong]:
     return [*exercise_00.WRONG, *exercise_01.WRONG, *exercise_02.WRONG,
             *exercise_02_buckets.WRONG, *exercise_03.WRONG, *exercise_04.WRONG,
             *exercise_05.WRONG, *exercise_06.WRONG, *exercise_07.WRONG, *exercise_08.WRONG,
-            *exercise_09.WRONG, *exercise_10.WRONG, *bypasses.WRONG]
+            *exercise_09.WRONG, *exercise_10.WRONG, *bypasses.WRONG,
+            *exact_counts.WRONG]

@@ -143,7 +143,7 @@ WRONG = [
         t += got
         passing = got
     return t
-"""), {RING: "more than the 2(p-1)/p·n"}),
+"""), {RING: "a ring all_reduce sends one chunk per step, 2(p-1) = 2 messages"}),
     Wrong("ring_rows_not_flattened", EX, ring("""\
     chunks = list(t.tensor_split(comm.world_size))
     ring_reduce_scatter(comm, chunks)

@@ -66,10 +66,11 @@ WRONG = [
     md.all_reduce(across, t, algorithm="ring")
     return t
 """), {HIER: "with 2 nodes of 2 ranks (world_size=4), a float64 tensor of 12 elements: "
-             "384 bytes crossed nodes in all, where the formula says 2(N-1)·n·e = 2·1·12·8 = "
-             "192 (a ring across the N=2 nodes on each rank's 1/2 shard): inter-node traffic "
-             "is 2 times the formula: each rank sent the whole tensor across nodes, not its "
-             "1/2 shard"}),
+             "the ranks sent 96, 96, 96, 96 bytes across nodes (ranks 0 to 3), 384 in all, "
+             "where a ring across the N=2 nodes on each rank's 1/2 shard sends exactly "
+             "2(N-1)/N·n/per_node·e = 48 per rank (2(N-1)·n·e = 192 in all): inter-node "
+             "traffic is 2 times the formula: each rank sent the whole tensor across nodes, "
+             "not its 1/2 shard"}),
     Wrong("hier_flat_ring", EX, hier("""\
     md.all_reduce(comm, t, algorithm="ring")
     return t
@@ -105,7 +106,7 @@ WRONG = [
         req.wait()
         pieces[recv_i] += buf
     mine = (node.rank - p) % p
-    md.all_reduce(across, pieces[mine])
+    md.all_reduce(across, pieces[mine], algorithm="ring")
     gathered = md.all_gather(node, pieces[mine])
     for src in range(p):
         pieces[(src - p) % p].copy_(gathered[src])

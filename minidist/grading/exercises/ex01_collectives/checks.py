@@ -28,6 +28,24 @@ def _run_all(learner, kind, expected_bytes, world_sizes=WORLD_SIZES) -> None:
                               f"{whose(got, want, offset, p)}{HINTS[kind]}")
             expected_bytes(rank, p, numel * dtype.itemsize, sizes, traffic, where,
                            shape_hint(n, p))
+        _judge_total(kind, [r["traffic"]["bytes_sent"] for r in results],
+                     numel * dtype.itemsize, where)
+
+
+# Bytes all ranks send together, in units of (p-1)·n, whatever the chunking: every algorithm
+# here moves each chunk p-1 times per phase (halving-doubling too: each round's pairs swap
+# exactly the range they share, so every round moves n/2 per pair-level, (p-1)·n in all).
+PHASES = {"naive": 2, "reduce_scatter": 1, "all_gather": 1, "ring_all_reduce": 2,
+          "halving_doubling": 2}
+
+
+def _judge_total(kind: str, sent: list[int], nbytes: int, where: str) -> None:
+    p = len(sent)
+    want = PHASES[kind] * (p - 1) * nbytes
+    if sum(sent) != want:
+        raise Mistake(f"with {where}: the ranks sent {sum(sent)} bytes in all "
+                      f"({', '.join(map(str, sent))}), where the algorithm moves exactly "
+                      f"{PHASES[kind]}(p-1)·n = {want}{_ELSEWHERE}")
 
 
 def _only_to(stats, peer) -> bool:
@@ -57,31 +75,53 @@ def check_naive_all_reduce(learner) -> str:
 
 
 # -- ring ---------------------------------------------------------------------------------
+# Counts are exact, not bounds: a rank that sends less than its algorithm's share got its data
+# some other way (a file, shared memory), and loses the points as one that sends too much.
+_ELSEWHERE = ("; a rank that sends fewer bytes than the algorithm got its data some other way "
+              "(a file, shared memory): every byte must travel in comm's messages")
+
+
 def _ring_bytes(phase: str, skip: int):
-    """Bytes check for a ring phase: rank r sends every chunk but chunk (r + skip) % p."""
+    """Bytes check for a ring phase: rank r sends every chunk but chunk (r + skip) % p, one
+    message per step, p - 1 steps (a step whose chunk is empty may send nothing)."""
     def check(rank, p, nbytes, sizes, stats, case, shape_hint) -> None:
         want = nbytes - sizes[(rank + skip) % p] if p > 1 else 0
         right = (rank + 1) % p
-        if stats["bytes_sent"] > want or not _only_to(stats, right):
+        messages = stats["messages_to"].get(right, 0)
+        steps_ok = messages == p - 1 or (min(sizes) == 0 and messages <= p - 1)
+        if stats["bytes_sent"] != want or not _only_to(stats, right) or \
+                (p > 1 and not steps_ok):
             raise Mistake(
-                f"with {case}: rank {rank} sent {_traffic(stats)}; a ring {phase} sends "
-                f"(p-1)/p·n = {want} bytes here, one chunk per step, only to its right "
-                f"neighbour rank {right}")
+                f"with {case}: rank {rank} sent {traffic_text(stats)}; a ring {phase} sends "
+                f"(p-1)/p·n = {want} bytes here, exactly, one chunk per step (p-1 = {p - 1} "
+                f"message(s)), only to its right neighbour rank {right}"
+                f"{_ELSEWHERE if stats['bytes_sent'] < want else ''}")
     return check
 
 
 def _all_reduce_bytes(rank, p, nbytes, sizes, stats, case, shape_hint) -> None:
-    want = 2 * nbytes - sizes[rank] - sizes[(rank + 1) % p] if p > 1 else 0
+    """A ring all_reduce: a reduce-scatter and an all-gather, each leaving out one chunk:
+    2n minus two neighbouring chunks, whichever chunk a rank starts with."""
     right = (rank + 1) % p
-    if stats["bytes_sent"] > want:
-        raise Mistake(
-            f"with {case}: rank {rank} sent {stats['bytes_sent']} bytes, more than the "
-            f"2(p-1)/p·n = {want} bytes of a ring all_reduce (n = {nbytes} bytes): a "
-            "reduce-scatter then an all-gather, each sending one chunk per step, the chunks "
-            f"as equal as they can be{shape_hint}")
-    if not _only_to(stats, right):
+    if p > 1 and not _only_to(stats, right):
         raise Mistake(f"with {case}: rank {rank} sent {_traffic(stats)}; in a ring every "
                       f"rank sends only to its right neighbour, rank {right}")
+    allowed = {2 * nbytes - sizes[j] - sizes[(j + 1) % p] for j in range(p)} if p > 1 else {0}
+    want = 2 * nbytes - sizes[rank] - sizes[right] if p > 1 else 0
+    messages = stats["messages_to"].get(right, 0)
+    steps_ok = p == 1 or messages == 2 * (p - 1) or (min(sizes) == 0 and
+                                                     messages <= 2 * (p - 1))
+    if stats["bytes_sent"] not in allowed:
+        more = stats["bytes_sent"] > max(allowed)
+        raise Mistake(
+            f"with {case}: rank {rank} sent {stats['bytes_sent']} bytes, "
+            f"{'more' if more else 'fewer'} than the 2(p-1)/p·n = {want} bytes (exactly) of a "
+            f"ring all_reduce (n = {nbytes} bytes): a reduce-scatter then an all-gather, each "
+            "sending one chunk per step, the chunks as equal as they can be"
+            f"{shape_hint}{'' if more else _ELSEWHERE}")
+    if not steps_ok:
+        raise Mistake(f"with {case}: rank {rank} sent {traffic_text(stats)}; a ring "
+                      f"all_reduce sends one chunk per step, 2(p-1) = {2 * (p - 1)} messages")
 
 
 def check_ring_reduce_scatter(learner) -> str:
@@ -112,9 +152,10 @@ def _halving_doubling_traffic(rank, p, nbytes, sizes, stats, case, shape_hint) -
     exact = len(set(sizes)) == 1  # p divides the length: the formula holds to the byte
     # else: the halving gives away all but one chunk, the doubling sends at most 2^k chunks
     most = 2 * (p - 1) * nbytes // p if exact else nbytes - min(sizes) + (p - 1) * max(sizes)
-    if stats["bytes_sent"] > most:
+    if stats["bytes_sent"] > most or (exact and stats["bytes_sent"] != most):
         raise Mistake(
-            f"with {case}: rank {rank} sent {stats['bytes_sent']} bytes, more than the "
+            f"with {case}: rank {rank} sent {stats['bytes_sent']} bytes, "
+            f"{'more' if stats['bytes_sent'] > most else 'fewer'} than the "
             f"{'' if exact else 'at most '}{most} bytes of halving-doubling (2(p-1)/p·n, "
             f"n = {nbytes} bytes): in a halving round send only the half you give away, in a "
             f"doubling round only the range you hold complete{shape_hint}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ...engine.feedback import Mistake, ranks_text, values
+from ...engine.feedback import Mistake, ranks_text, traffic_text, values
 from . import ranks as probe
 from .mistakes import average_hint, indices, short, zero_why
 from .ranks import ZERO_LR as LR
@@ -53,21 +53,49 @@ def check_ring_all_reduce(learner) -> str:
                 raise Mistake(f"with {label}: rank {r} ends with {values(result['value'])}, "
                               f"the sum over the ranks is {values(want)}")
         _judge_ring_bytes([r["traffic"]["bytes_sent"] for r in results], n, p, label)
-    return ("the exact sum on every rank, each rank sending at most 2(p-1) chunks of "
-            "ceil(n/p) elements (2(p-1)/p·n), on 2, 3 and 4 ranks, n divisible or not")
+        _judge_ring_links([r["traffic"] for r in results], n, label)
+    return ("the exact sum on every rank; each rank sends only to its right neighbour, "
+            "2(p-1) chunks of floor or ceil(n/p) elements, and the ranks exactly 2(p-1)·n "
+            "elements in all, on 2, 3 and 4 ranks, n divisible or not")
+
+
+def _judge_ring_links(traffics: list[dict], n: int, label: str) -> None:
+    """A ring: each rank sends only to its right neighbour, one chunk per step, 2(p-1)
+    messages (fewer only where chunks are empty, n < p)."""
+    p = len(traffics)
+    for r, traffic in enumerate(traffics):
+        right = (r + 1) % p
+        to = {int(d): m for d, m in traffic["messages_to"].items() if m}
+        if set(to) - {right}:
+            raise Mistake(f"with {label}: rank {r} sent {traffic_text(traffic)}; in a ring "
+                          f"every rank sends only to its right neighbour, rank {right}")
+        if n >= p and to.get(right, 0) != 2 * (p - 1):
+            raise Mistake(f"with {label}: rank {r} sent {traffic_text(traffic)}; a ring "
+                          f"all_reduce sends one chunk per step: 2(p-1) = {2 * (p - 1)} "
+                          "messages")
 
 
 def _judge_ring_bytes(sent: list[int], n: int, p: int, label: str) -> None:
+    """Exact: every chunk travels p-1 times in each phase, 2(p-1)·n elements in all, each
+    rank's share 2(p-1) chunks of floor or ceil(n/p) elements (the chunking is the
+    learner's)."""
     ideal = 2 * (p - 1) * n * 8 / p  # bytes: float64
-    bound = 2 * (p - 1) * -(-n // p) * 8  # chunks of ceil(n / p)
-    worst = max(range(p), key=lambda r: sent[r])
-    if sent[worst] <= bound:
+    lo, hi = 2 * (p - 1) * (n // p) * 8, 2 * (p - 1) * -(-n // p) * 8
+    total = 2 * (p - 1) * n * 8
+    if sum(sent) == total and all(lo <= b <= hi for b in sent):
         return
+    listed = f"(ranks 0 to {p - 1} sent {', '.join(map(str, sent))})"
+    if sum(sent) < total:
+        raise Mistake(f"with {label}: the sum is right, but the ranks sent {sum(sent)} bytes "
+                      f"in all {listed}, fewer than the exactly 2(p-1)·n·8 = {total} of a "
+                      "ring: each chunk travels p-1 times in each phase, in comm's messages "
+                      "(a rank that sends less got its data some other way: a file, shared "
+                      "memory)")
+    worst = max(range(p), key=lambda r: sent[r])
     who = "each rank" if len(set(sent)) == 1 else f"rank {worst}"
     raise Mistake(f"with {label}: the sum is right, but {who} sent {sent[worst]} bytes, "
                   f"{sent[worst] / ideal:.1f}x the 2(p-1)/p·n = {ideal:g} bytes a ring sends "
-                  f"(ranks 0 to {p - 1} sent {', '.join(map(str, sent))}): each of the 2(p-1) "
-                  "steps "
+                  f"{listed}: each of the 2(p-1) steps "
                   "must send ONE chunk of n/p elements (the one this step passes on), not the "
                   "whole buffer")
 
