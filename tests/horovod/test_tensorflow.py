@@ -1,6 +1,7 @@
 """TensorFlow's MirroredStrategy beside minidist's DDP: the same model, data and step give
 the same averaged gradient (float32 tolerance), and one process on the whole batch agrees
-with both. Needs the optional extra (pip install -e ".[tensorflow]"); skipped without it.
+with both; so does MultiWorkerMirroredStrategy with two worker processes. Needs the
+optional extra (pip install -e ".[tensorflow]"); skipped without it.
 TensorFlow runs in a subprocess so that this process (which forks the minidist ranks) never
 starts TensorFlow's threads."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +67,43 @@ def test_mirrored_strategy_averages_like_ddp_and_one_process():
             torch.testing.assert_close(torch.tensor(replica), want, rtol=1e-5, atol=1e-6)
         for rank in ddp:
             torch.testing.assert_close(rank[i], want, rtol=1e-5, atol=1e-6)
+
+
+def _unshare_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode == 0
+
+
+# TensorFlow's gRPC server listens on every interface (*:port), whatever TF_CONFIG says, so
+# the two workers run in a network namespace of their own that holds only loopback: nothing
+# they open can be reached from another machine.
+WORKERS = """
+ip link set lo up
+for i in 0 1; do
+  TF_CONFIG='{"cluster": {"worker": ["127.0.0.1:23456", "127.0.0.1:23457"]}, '\\
+'"task": {"type": "worker", "index": '$i'}}' "$PYTHON" "$SCRIPT" > "$OUT/$i.json" &
+done
+wait
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _unshare_works(), reason="needs unshare -rn (a private network "
+                    "namespace) to keep TensorFlow's servers off the network")
+def test_multi_worker_mirrored_strategy_on_two_processes(tmp_path):
+    script = SCRIPT.with_name("tf_multiworker.py")
+    env = dict(os.environ, PYTHON=sys.executable, SCRIPT=str(script), OUT=str(tmp_path),
+               CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(["unshare", "-rn", "bash", "-euc", WORKERS], capture_output=True,
+                          text=True, timeout=400, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tensors = _problem()
+    model = _model(*tensors[:4])
+    torch.nn.functional.mse_loss(model(tensors[4]), tensors[5]).backward()
+    for i in (0, 1):
+        out = json.loads((tmp_path / f"{i}.json").read_text())
+        assert out["index"] == i and out["replicas"] == 2
+        assert out["cross_device_ops"] == "CollectiveAllReduce"
+        for got, p in zip(out["grads"], model.parameters()):
+            torch.testing.assert_close(torch.tensor(got), p.grad, rtol=1e-5, atol=1e-6)
