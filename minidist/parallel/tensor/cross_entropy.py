@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ...checks import token_ids
 from ...collectives import all_reduce
 
 
@@ -64,9 +65,6 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, co
     if targets.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"vocab_parallel_cross_entropy: targets must be integer token ids, "
                         f"got {targets.dtype}")
-    vocab = logits.shape[-1] * comm.world_size
-    if targets.numel() and (targets.min() < 0 or targets.max() >= vocab):
-        raise ValueError(f"vocab_parallel_cross_entropy: targets must lie in [0, {vocab}), got "
-                         f"[{int(targets.min())}, {int(targets.max())}]")
+    token_ids(targets, logits.shape[-1] * comm.world_size, "vocab_parallel_cross_entropy: targets")
     start = comm.rank * logits.shape[-1] if vocab_start is None else vocab_start
     return _VocabParallelCrossEntropy.apply(logits, targets.long(), comm, start, algorithm)

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...checks import token_ids
 from ...collectives import all_gather
 from .mappings import (
     copy_to_parallel,
@@ -202,10 +203,8 @@ class VocabParallelEmbedding(nn.Module):
                    sequence_parallel)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        vocab = self.weight.shape[0] * self.comm.world_size
-        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= vocab):
-            raise ValueError(f"VocabParallelEmbedding: token ids must lie in [0, {vocab}), got "
-                             f"[{int(idx.min())}, {int(idx.max())}]")
+        token_ids(idx, self.weight.shape[0] * self.comm.world_size,
+                  "VocabParallelEmbedding: token ids")
         outside = (idx < self.vocab_start) | (idx >= self.vocab_end)
         local = (idx - self.vocab_start).masked_fill(outside, 0)
         out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
