@@ -54,10 +54,10 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from ..checks import positive_int
 from ..collectives.topology import group_by_node, node_order
 from ..transports.network import Link
 
@@ -99,9 +99,7 @@ class Cluster:
 
     def __post_init__(self) -> None:
         for name in ("nodes", "per_node"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"Cluster {name} must be a positive integer, got {value!r}")
+            positive_int(getattr(self, name), f"Cluster {name}")
         for name in ("intra", "inter"):
             if not isinstance(getattr(self, name), Link):
                 raise TypeError(f"Cluster {name} must be an md.Link, got "
@@ -293,9 +291,7 @@ def cross_node_bytes(name: str, n: float, node_of: Sequence[int]) -> float:
 
 def block_layout(nodes: int, per_node: int) -> list[int]:
     """Rank r on node r // per_node (torchrun's numbering)."""
-    for what, v in (("nodes", nodes), ("per_node", per_node)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{what} must be a positive int, got {v!r}")
+    positive_int(nodes, "nodes"), positive_int(per_node, "per_node")
     return [r // per_node for r in range(nodes * per_node)]
 
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from ..checks import positive_int
 from ..collectives.shared_memory import _SLOTS_AT, PIECE
 from ..collectives.tags import chunk_bounds
 from ..collectives.topology import group_by_node, node_order
@@ -164,8 +165,7 @@ all_to_all_time = _time_of("all_to_all", "(p-1) (alpha + n / beta), n one row: p
 
 
 def _check(n, p) -> None:
-    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
-        raise ValueError(f"world size p must be a positive integer, got {p!r}")
+    positive_int(p, "world size p")
     if n < 0:
         raise ValueError(f"size n must be >= 0, got {n!r}")
 

@@ -16,23 +16,24 @@ parameters once more, so its time is the ring's times the collectives per step o
 
 from __future__ import annotations
 
+from ..checks import positive_int, positive_number
 from . import collectives
 from .cluster import PRECISION_BYTES, Cluster
 from .plan import Plan
-from .transformer import GPTShape, positive_int, positive_number
+from .transformer import GPTShape
 from .zero import collectives_per_step
 
 
 def ring_all_reduce_bytes_per_rank(world: int, model_bytes: float) -> float:
     """Bytes each rank sends (and receives) in one ring all_reduce: ``2 (p-1)/p * N``."""
-    p = positive_int(world, "world", ValueError)
+    p = positive_int(world, "world")
     return 2 * (p - 1) / p * positive_number(model_bytes, "model_bytes")
 
 
 def ring_step_time(world: int, model_bytes: float, bandwidth: float,
                    latency: float = 0.0) -> float:
     """Seconds of one ring all_reduce: ``2 (p-1) alpha + 2 (p-1)/p N / B``."""
-    p = positive_int(world, "world", ValueError)
+    p = positive_int(world, "world")
     wire = ring_all_reduce_bytes_per_rank(p, model_bytes) / positive_number(bandwidth,
                                                                               "bandwidth")
     return 2 * (p - 1) * latency + wire

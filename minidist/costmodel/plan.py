@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..checks import one_of, positive_int, zero_stage, zero_with_pipeline
 from .cluster import Cluster, check_precision
-from .transformer import RECOMPUTE, GPTShape, positive_int
-from .zero import ZERO_STAGES
+from .transformer import RECOMPUTE, GPTShape
 
 
 @dataclass(frozen=True)
@@ -41,21 +41,14 @@ class Plan:
 
     def __post_init__(self) -> None:
         for name in ("dp", "pp", "tp", "microbatches", "micro_batch_size", "chunks"):
-            positive_int(getattr(self, name), f"Plan {name}", ValueError)
-        if isinstance(self.zero_stage, bool) or self.zero_stage not in ZERO_STAGES:
-            raise ValueError(f"Plan zero_stage must be one of 0, 1, 2, 3, got "
-                             f"{self.zero_stage!r}")
+            positive_int(getattr(self, name), f"Plan {name}")
+        zero_stage(self.zero_stage, "Plan zero_stage")
         check_precision(self.precision)
-        if self.recompute not in RECOMPUTE:
-            raise ValueError(f"Plan recompute must be one of {RECOMPUTE}, got "
-                             f"{self.recompute!r}")
+        one_of(self.recompute, RECOMPUTE, "Plan recompute")
         for name in ("sequence_parallel", "scatter_gather"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"Plan {name} must be a bool, got {getattr(self, name)!r}")
-        if self.zero_stage >= 2 and self.pp > 1:
-            raise ValueError(f"Plan zero_stage={self.zero_stage} with pp={self.pp}: ZeRO 2 and 3 "
-                             "shard what every micro-batch of a pipeline needs again; "
-                             "DeepSpeed allows only ZeRO-1 with pipeline parallelism")
+        zero_with_pipeline(self.zero_stage, self.pp, "Plan zero_stage")
         if self.chunks > 1 and (self.pp == 1 or self.microbatches % self.pp):
             raise ValueError(f"Plan chunks={self.chunks} (interleaved 1F1B) needs pp > 1 and "
                              f"microbatches divisible by pp (Megatron-LM's rule); got "

@@ -21,9 +21,9 @@ with finer models.
 from __future__ import annotations
 
 import itertools
-import numbers
 from collections.abc import Iterator
 
+from ..checks import positive_int
 from .cluster import Cluster
 from .plan import Plan
 from .predict import Prediction, predict
@@ -45,9 +45,7 @@ def candidate_plans(model: GPTShape, cluster: Cluster, global_batch: int, *,
                     zero_stages=(0, 1), recomputes=RECOMPUTE, sequence_parallel=(False, True),
                     chunks=(1, 2)) -> Iterator[Plan]:
     """Every valid plan of ``global_batch`` sequences per step on ``cluster.gpus`` GPUs."""
-    if isinstance(global_batch, bool) or not isinstance(global_batch, numbers.Integral) \
-            or global_batch < 1:
-        raise ValueError(f"global_batch must be a positive integer, got {global_batch!r}")
+    positive_int(global_batch, "global_batch")
     for dp, pp, tp in layouts(cluster.gpus):
         if not _allowed(model, pp, tp):
             continue

@@ -32,10 +32,17 @@ scatter without the all-gather that must follow it before the next stage can com
 
 from __future__ import annotations
 
+from ..checks import positive_int
 from .cluster import PRECISION_BYTES, Cluster
 from .collectives import all_gather_time
 from .plan import Plan
-from .transformer import GPTShape, positive_int
+from .transformer import GPTShape
+
+
+def _sizes(stages, microbatches, chunks) -> tuple[int, int, int]:
+    return (positive_int(stages, "stages", TypeError),
+            positive_int(microbatches, "microbatches", TypeError),
+            positive_int(chunks, "chunks (model chunks per stage)", TypeError))
 
 
 def bubble_fraction(stages: int, microbatches: int, chunks: int = 1) -> float:
@@ -55,8 +62,7 @@ def bubble_fraction(stages: int, microbatches: int, chunks: int = 1) -> float:
     Both go to 0 as m grows; interleaving divides the bubble by v at the price of v times
     as many point-to-point messages.
     """
-    p, m = positive_int(stages, "stages"), positive_int(microbatches, "microbatches")
-    v = positive_int(chunks, "chunks (model chunks per stage)")
+    p, m, v = _sizes(stages, microbatches, chunks)
     return (p - 1) / (v * m + p - 1)
 
 
@@ -64,8 +70,7 @@ def bubble_overhead(stages: int, microbatches: int, chunks: int = 1) -> float:
     """The bubble as a fraction of the ideal step time, (p - 1) / (v m): Narayanan et al.
     (SC 2021)'s "bubble time fraction" (GPipe's (p - 1) / m for v = 1). The share of the
     step that is idle is :func:`bubble_fraction`."""
-    p, m = positive_int(stages, "stages"), positive_int(microbatches, "microbatches")
-    v = positive_int(chunks, "chunks (model chunks per stage)")
+    p, m, v = _sizes(stages, microbatches, chunks)
     return (p - 1) / (v * m)
 
 

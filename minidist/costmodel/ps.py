@@ -32,13 +32,13 @@ enough servers on spare machines bring the parameter server back to the optimum.
 
 from __future__ import annotations
 
-from .transformer import positive_int, positive_number
+from ..checks import positive_int, positive_number
 
 
 def ps_server_ingress_bytes(workers: int, model_bytes: float, num_servers: int = 1) -> float:
     """Bytes into one server per sync step: ``W * N / S``."""
-    w = positive_int(workers, "workers", ValueError)
-    s = positive_int(num_servers, "num_servers", ValueError)
+    w = positive_int(workers, "workers")
+    s = positive_int(num_servers, "num_servers")
     return w * positive_number(model_bytes, "model_bytes") / s
 
 

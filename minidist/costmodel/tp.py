@@ -56,6 +56,7 @@ LayerNorms, the position embedding and the row-parallel biases are whole on ever
 
 from __future__ import annotations
 
+from ..checks import one_of
 from . import collectives
 from .cluster import PRECISION_BYTES, Cluster
 from .plan import Plan
@@ -100,8 +101,7 @@ def step_collectives(config, batch: int, seq: int, p: int, layout: str = "megatr
     ``"sequence_parallel"``: every all-reduce of b s h becomes an all-gather and a
     reduce-scatter (one each way), plus one all-reduce per parameter with a partial gradient
     (per block 2 LayerNorms and 2 biases, then ``ln_f`` and the position embedding)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    one_of(layout, LAYOUTS, "layout")
     n, bsh, bs = all_reduces(config.n_layer), batch * seq * config.n_embd, batch * seq
     h, L = config.n_embd, config.n_layer
     ce = [("all_reduce", bs)] * n["bs"]

@@ -23,25 +23,9 @@ Days: Megatron-LM's 8 T P / (n X) (``training_days``).
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
-
-def positive_int(value, what: str, error: type[Exception] = TypeError) -> int:
-    """``value`` as an int if it is a whole number >= 1; else ``error`` (for a non-integer)
-    or ValueError (for one below 1), naming ``what``. The cost model's formulas share it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise error(f"{what} must be a positive integer, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{what} must be a positive integer, got {value}")
-    return int(value)
-
-
-def positive_number(value, what: str) -> float:
-    """``value`` if it is a real number > 0, else a ValueError naming ``what``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
-        raise ValueError(f"{what} must be a positive number, got {value!r}")
-    return value
+from ..checks import one_of, positive_int, positive_number
 
 
 def transformer_params(layers: int, hidden: int, vocab: int, seq: int) -> int:
@@ -59,8 +43,8 @@ def transformer_params(layers: int, hidden: int, vocab: int, seq: int) -> int:
     (2h) is left out, as in the paper. Their GPT-3 row, l=96, h=12288, V=51200, s=2048,
     gives 174.6e9 (GPT-3's "175B"; Brown et al. 2020 use V=50257).
     """
-    n, h = positive_int(layers, "layers"), positive_int(hidden, "hidden")
-    v, s = positive_int(vocab, "vocab"), positive_int(seq, "seq")
+    n, h = positive_int(layers, "layers", TypeError), positive_int(hidden, "hidden", TypeError)
+    v, s = positive_int(vocab, "vocab", TypeError), positive_int(seq, "seq", TypeError)
     return 12 * n * h * h + 13 * n * h + (v + s) * h
 
 
@@ -84,7 +68,7 @@ class GPTShape:
 
     def __post_init__(self) -> None:
         for field in ("layers", "hidden", "heads", "vocab", "seq"):
-            positive_int(getattr(self, field), field, ValueError)
+            positive_int(getattr(self, field), field)
         if self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} must be divisible by heads={self.heads} "
                              "(each head gets hidden / heads dimensions)")
@@ -110,9 +94,8 @@ def step_flops(model: GPTShape, batch: int, recompute: str = "none") -> float:
     """FLOPs of forward and backward (and the recomputed forward) for ``batch`` sequences:
     3 passes of every layer's matrix products (4 with ``"full"`` recomputation; 4 of the
     attention-score products with ``"selective"``) and 3 of the logit layer."""
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
-    b = positive_int(batch, "batch (sequences per step)", ValueError)
+    one_of(recompute, RECOMPUTE, "recompute")
+    b = positive_int(batch, "batch (sequences per step)")
     s, h, n, v = model.seq, model.hidden, model.layers, model.vocab
     dense, scores = 24 * b * s * h * h, 4 * b * s * s * h  # one layer's forward
     dense_passes = 4 if recompute == "full" else 3
@@ -150,6 +133,6 @@ def training_days(params, tokens, gpus: int, flops_per_gpu, recompute: bool = Tr
     for name, value in (("params", params), ("tokens", tokens),
                         ("flops_per_gpu", flops_per_gpu)):
         positive_number(value, name)
-    n = positive_int(gpus, "gpus")
+    n = positive_int(gpus, "gpus", TypeError)
     per_token = 8 if recompute else 6
     return per_token * tokens * params / (n * flops_per_gpu) / SECONDS_PER_DAY

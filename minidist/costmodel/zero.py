@@ -24,11 +24,12 @@ collectives costs (p - 1) (alpha + Psi / p * bytes * beta) on a ring.
 
 from __future__ import annotations
 
-import numbers
-
-from .transformer import positive_int
-
-ZERO_STAGES = (0, 1, 2, 3)
+from ..checks import (
+    ZERO_STAGES,  # noqa: F401  (md.costmodel.ZERO_STAGES)
+    positive_int,
+    positive_number,
+    zero_stage,
+)
 
 
 def zero_memory(params, dp: int, stage: int, optimizer_bytes=12, param_bytes=2,
@@ -55,18 +56,15 @@ def zero_memory(params, dp: int, stage: int, optimizer_bytes=12, param_bytes=2,
     2s of the table: plain fp32 training is param_bytes = grad_bytes = 4 with K = 8 (Adam's
     momentum and variance, the parameters being their own master copy).
     """
-    if isinstance(params, bool) or not isinstance(params, numbers.Real) or params <= 0:
-        raise ValueError(f"params must be a positive number of parameters, got {params!r}")
-    nd = positive_int(dp, "dp (the number of data-parallel ranks)")
-    if isinstance(stage, bool) or stage not in ZERO_STAGES:
-        raise ValueError(f"stage must be one of 0, 1, 2, 3 (ZeRO's stages), got {stage!r}")
-    if isinstance(optimizer_bytes, bool) or not isinstance(optimizer_bytes, numbers.Real) \
+    positive_number(params, "params", unit="parameters")
+    nd = positive_int(dp, "dp (the number of data-parallel ranks)", TypeError)
+    zero_stage(stage)
+    if isinstance(optimizer_bytes, bool) or not isinstance(optimizer_bytes, (int, float)) \
             or optimizer_bytes < 0:
         raise ValueError(f"optimizer_bytes (K, bytes of optimizer state per parameter) must "
                          f"be >= 0, got {optimizer_bytes!r}")
     for name, value in (("param_bytes", param_bytes), ("grad_bytes", grad_bytes)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0:
-            raise ValueError(f"{name} must be a positive number of bytes, got {value!r}")
+        positive_number(value, name, unit="bytes")
     out = {"params": float(param_bytes) * params / (nd if stage >= 3 else 1),
            "grads": float(grad_bytes) * params / (nd if stage >= 2 else 1),
            "optimizer": float(optimizer_bytes) * params / (nd if stage >= 1 else 1)}
@@ -86,8 +84,7 @@ def zero_rank_bytes(group_numels: list[int], dp: int, stage: int, param_bytes: i
     units for stage 3), each padded to a multiple of ``dp``. ``optimizer_bytes`` is the
     per-element state (K): 12 for mixed-precision Adam, 2 x 8 for float64 Adam, 8 for
     float64 SGD with momentum. Returns {"params", "grads", "optimizer", "total"}."""
-    if stage not in ZERO_STAGES:
-        raise ValueError(f"stage must be one of 0, 1, 2, 3, got {stage!r}")
+    zero_stage(stage)
     padded = sum(shard_numel(n, dp) * dp for n in group_numels)
     shard = padded // dp
     out = {"params": param_bytes * (shard if stage >= 3 else padded),
@@ -101,8 +98,7 @@ def collectives_per_step(stage: int, root: bool = False) -> dict[str, int]:
     """How many times each group crosses the network per step: stage 0 all-reduces (counted
     as a reduce-scatter plus an all-gather, as a ring does it); stages 1 and 2 reduce-scatter
     and all-gather once; stage 3 all-gathers twice, except the ``root`` unit, once."""
-    if stage not in ZERO_STAGES:
-        raise ValueError(f"stage must be one of 0, 1, 2, 3, got {stage!r}")
+    zero_stage(stage)
     gathers = 2 if stage == 3 and not root else 1
     return {"reduce_scatter": 1, "all_gather": gathers}
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from multiprocess.connection import wait as wait_any
 
+from ..checks import one_of
 from ..errors import WorkerError
 from .watch import (
     CAUSE_WINDOW,
@@ -85,10 +86,8 @@ class RankFailed:
 
 def check_on_rank_failure(value, backend: str) -> bool:
     """Whether failures are tolerated; only the local backend can tell survivors of a death."""
-    if value not in ON_RANK_FAILURE:
-        raise ValueError(f"on_rank_failure must be one of {ON_RANK_FAILURE} ('error': the first "
-                         f"failure stops every rank; 'continue': the others run on), got "
-                         f"{value!r}")
+    one_of(value, ON_RANK_FAILURE, "on_rank_failure",
+           "'error': the first failure stops every rank; 'continue': the others run on")
     if value == "continue" and backend != "local":
         raise ValueError(
             f"on_rank_failure='continue' needs backend='local', not {backend!r}: there the "

@@ -15,7 +15,6 @@ while ranks are started or torn down.
 from __future__ import annotations
 
 import ctypes
-import operator
 import os
 import signal
 import sys
@@ -24,6 +23,7 @@ from contextlib import contextmanager
 
 import multiprocess as mp
 
+from ..checks import one_of, positive_int
 from ..errors import CommTimeout
 from ..transports.emulated import PortClocks
 from ..transports.network import Network
@@ -171,11 +171,7 @@ def _pickle_referenced_globals():
 def _check_launch_args(fn, world_size, args, kwargs) -> tuple[int, tuple, dict]:
     if not callable(fn):
         raise TypeError(f"launch expects a function fn(comm, ...), got {type(fn).__name__}")
-    if isinstance(world_size, bool) or not hasattr(world_size, "__index__"):
-        raise TypeError(f"world_size must be an int, got {type(world_size).__name__}")
-    world_size = operator.index(world_size)  # numpy integers too
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    world_size = positive_int(world_size, "world_size", TypeError)  # numpy integers too
     if not isinstance(args, (tuple, list)):
         raise TypeError(f"args must be a tuple of fn's positional arguments, got "
                         f"{type(args).__name__} {args!r:.40}; for one argument write "
@@ -203,10 +199,7 @@ def _check_network(network, backend: str, world_size: int) -> None:
 
 def _start_method(start_method: str | None, device: str) -> str:
     if start_method is not None:
-        if start_method not in mp.get_all_start_methods():
-            raise ValueError(f"start_method must be one of "
-                             f"{', '.join(mp.get_all_start_methods())}, got {start_method!r}")
-        return start_method
+        return one_of(start_method, mp.get_all_start_methods(), "start_method")
     if str(device).startswith("cuda") or not sys.platform.startswith("linux"):
         return "spawn"
     return "fork"
@@ -215,10 +208,7 @@ def _start_method(start_method: str | None, device: str) -> str:
 def _thread_count(threads: int | None, method: str, world_size: int) -> int:
     if threads is None:
         return 1 if method == "fork" else max(1, (os.cpu_count() or 1) // world_size)
-    if isinstance(threads, bool) or not hasattr(threads, "__index__"):
-        raise TypeError(f"threads must be an int, got {type(threads).__name__}")
-    if threads < 1:
-        raise ValueError(f"threads must be at least 1, got {threads}")
+    positive_int(threads, "threads", TypeError)
     if threads > 1 and method == "fork":
         raise ValueError(
             f"threads={threads} with start_method='fork' can deadlock: a process forked after "

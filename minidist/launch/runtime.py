@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..checks import one_of
 from ..comm import Communicator
 from ..errors import CommTimeout
 from ..trace import Timeline
@@ -85,8 +86,7 @@ def check_clock(clock, network, threads) -> str:
     """``md.launch``'s ``clock``: ``"wall"`` (default) or ``"virtual"``, which models time on
     an emulated network (so it needs one) and charges each thread's CPU time as its
     computation (so torch runs one thread per rank)."""
-    if not isinstance(clock, str) or clock not in CLOCKS:
-        raise ValueError(f"clock must be one of {', '.join(map(repr, CLOCKS))}, got {clock!r}")
+    one_of(clock, CLOCKS, "clock")
     if clock == "virtual" and network is None:
         raise ValueError("clock='virtual' models time on an emulated network, and none was "
                          "given: pass network=md.Network.uniform(md.Link(alpha=..., "

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..checks import positive_int
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -41,8 +43,7 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"GPTConfig.{name} must be at least 1, got {getattr(self, name)}")
+            positive_int(getattr(self, name), f"GPTConfig.{name}")
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTConfig: n_embd={self.n_embd} is not divisible by "
                              f"n_head={self.n_head}")

@@ -54,6 +54,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..checks import one_of, positive_int, zero_with_pipeline
+from ..checks import zero_stage as check_zero_stage
 from ..collectives import all_reduce, all_reduce_coalesced, broadcast
 from ..models.gpt import GPT, GPTConfig, lm_loss
 from .mesh import DeviceMesh
@@ -86,10 +88,8 @@ def check_options(config: GPTConfig, mesh: DeviceMesh, microbatches: int, schedu
     """A clear error for a layout this module cannot train."""
     if not isinstance(config, GPTConfig):
         raise TypeError(f"config must be an md.models.GPTConfig, got {type(config).__name__}")
-    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
-        raise ValueError(f"microbatches must be a positive integer, got {microbatches!r}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    positive_int(microbatches, "microbatches")
+    one_of(schedule, SCHEDULES, "schedule")
     pp, tp = mesh.size("pp"), mesh.size("tp")
     if pp > 1 and config.tie_weights:
         raise ValueError(f"pp={pp}: a head tied to the embedding cannot be split across "
@@ -97,11 +97,8 @@ def check_options(config: GPTConfig, mesh: DeviceMesh, microbatches: int, schedu
     if pp > config.n_layer + 2:
         raise ValueError(f"pp={pp} stages but the GPT has only {config.n_layer + 2} layers "
                          "(embedding, blocks, head) to split")
-    if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage must be None or one of 0, 1, 2, 3, got {zero_stage!r}")
-    if zero_stage is not None and zero_stage >= 2 and pp > 1:
-        raise ValueError(f"zero_stage={zero_stage} reduces gradients in every micro-batch's "
-                         f"backward; with pp={pp} use zero_stage=1 (as DeepSpeed requires)")
+    if check_zero_stage(zero_stage, "zero_stage", optional=True) is not None:
+        zero_with_pipeline(zero_stage, pp)
     if zero_stage == 3 and tp > 1:
         raise ValueError(f"zero_stage=3 with tp={tp}: stage 3 frees the sharded layers' "
                          "parameters between steps; use zero_stage 1 or 2 with tensor "

@@ -32,6 +32,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from ..checks import integer
+
 
 class DeviceMesh:
     """The ranks of ``comm`` as a grid of ``shape`` (name -> size, outermost first), with a
@@ -86,9 +88,7 @@ def check_shape(shape: Mapping[str, int], world_size: int) -> dict[str, int]:
     for name, size in shape.items():
         if not isinstance(name, str) or not name:
             raise TypeError(f"mesh dimension names must be non-empty strings, got {name!r}")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"mesh dimension {name!r} must have a positive integer size, "
-                             f"got {size!r}")
+        integer(size, f"the size of mesh dimension {name!r}")
     total = math.prod(shape.values())
     if total != world_size:
         sizes = " x ".join(f"{s} ({n})" for n, s in shape.items())

@@ -149,7 +149,7 @@ def test_cost_errors():
         cluster_costs.cluster_time("ring", -1, [0, 1], INTRA, SLOW)
     with pytest.raises(TypeError, match="inter must be an md.Link, got float"):
         cluster_costs.compare_all_reduce(10, 2, 2, INTRA, 1e9)
-    with pytest.raises(ValueError, match="per_node must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="per_node must be a positive integer, got 0"):
         cluster_costs.compare_all_reduce(10, 2, 0, INTRA, SLOW)
     with pytest.raises(ValueError, match="world size p must be a positive integer"):
         costs.hierarchical_time(10, 0, 2, INTRA, SLOW)

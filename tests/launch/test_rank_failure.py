@@ -96,7 +96,8 @@ def test_an_exception_is_kept_with_its_traceback():
 
 
 @pytest.mark.parametrize("kwargs,text", [
-    ({"on_rank_failure": "ignore"}, r"on_rank_failure must be one of \('error', 'continue'\)"),
+    ({"on_rank_failure": "ignore"},
+     r"on_rank_failure must be one of 'error', 'continue' \('error': "),
     ({"on_rank_failure": "continue", "backend": "torch"},
      r"on_rank_failure='continue' needs backend='local', not 'torch'"),
 ])

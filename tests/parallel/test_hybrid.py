@@ -168,14 +168,14 @@ def test_bad_layouts_name_the_mistake():
     want = {
         "tied": "ValueError: pp=2: a head tied to the embedding cannot be split across "
                 "pipeline stages; use GPTConfig(tie_weights=False)",
-        "zero2 pp": "ValueError: zero_stage=2 reduces gradients in every micro-batch's "
-                    "backward; with pp=2 use zero_stage=1",
+        "zero2 pp": "ValueError: zero_stage=2 with pp=2: ZeRO 2 and 3 reduce-scatter the "
+                    "gradients",
         "zero3 tp": "ValueError: zero_stage=3 with tp=2",
-        "zero9": "ValueError: zero_stage must be None or one of 0, 1, 2, 3, got 9",
+        "zero9": "ValueError: zero_stage must be one of None, 0, 1, 2, 3, got 9",
         "dim": "ValueError: HybridGPT knows the mesh dimensions ('dp', 'pp', 'tp'), got ['cp']",
         "mesh": "TypeError: mesh must be an md.DeviceMesh, got Communicator",
         "micro": "ValueError: microbatches must be a positive integer, got 0",
-        "schedule": "ValueError: schedule must be one of ('naive', 'gpipe', '1f1b'), "
+        "schedule": "ValueError: schedule must be one of 'naive', 'gpipe', '1f1b', "
                     "got 'interleaved'",
         "batch": "ValueError: x must be a tensor whose batch size (dim 0) divides into dp=4 "
                  "equal slices, got (6, 8)",

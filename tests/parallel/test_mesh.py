@@ -110,8 +110,8 @@ class _World:
     ({"dp": 2, "tp": 2}, ValueError, "holds 2 (dp) x 2 (tp) = 4 ranks but the communicator "
                                      "has world_size=8"),
     ({"dp": 16}, ValueError, "= 16 ranks"),
-    ({"dp": 0, "tp": 8}, ValueError, "'dp' must have a positive integer size, got 0"),
-    ({"dp": -2, "tp": -4}, ValueError, "'dp' must have a positive integer size, got -2"),
+    ({"dp": 0, "tp": 8}, ValueError, "'dp' must be a positive integer, got 0"),
+    ({"dp": -2, "tp": -4}, ValueError, "'dp' must be a positive integer, got -2"),
     ({"dp": 2.0, "tp": 4}, ValueError, "got 2.0"),
     ({"dp": True, "tp": 8}, ValueError, "got True"),
     ({}, TypeError, "non-empty dict"),

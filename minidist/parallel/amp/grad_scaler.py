@@ -41,6 +41,7 @@ from collections.abc import Iterable
 
 import torch
 
+from ...checks import positive_int, positive_number
 from .inf_agreement import agree_found_inf, communicators
 
 READY, UNSCALED, STEPPED = "ready", "unscaled", "stepped"
@@ -294,17 +295,13 @@ def _check_schedule(init_scale, growth_factor, backoff_factor, growth_interval) 
                         ("backoff_factor", backoff_factor)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{name} must be a number, got {value!r}")
-    if not 0 < init_scale < float("inf"):
-        raise ValueError(f"init_scale must be a positive finite number, got {init_scale!r}")
+    positive_number(init_scale, "init_scale", finite=True)
     if not growth_factor > 1.0:
         raise ValueError(f"growth_factor must be > 1.0 (the scale grows), got {growth_factor!r}")
     if not 0.0 < backoff_factor < 1.0:
         raise ValueError(f"backoff_factor must be in (0, 1) (the scale shrinks after an "
                          f"overflow), got {backoff_factor!r}")
-    if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) \
-            or growth_interval < 1:
-        raise ValueError(f"growth_interval must be a positive integer number of steps, got "
-                         f"{growth_interval!r}")
+    positive_int(growth_interval, "growth_interval (steps)")
 
 
 def _check_optimizer(optimizer) -> None:

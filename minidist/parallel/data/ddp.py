@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...checks import positive_number
 from ...faults import maybe_delay
 from .graph import at_backward_end, on_backward_start
 from .reductions import Average, BucketReduction, CommHook
@@ -148,9 +149,7 @@ class DistributedDataParallel(nn.Module):
 
 
 def _check_options(bucket_cap_mb, comm_hook, reduction) -> None:
-    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) \
-            or not bucket_cap_mb > 0:
-        raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}")
+    positive_number(bucket_cap_mb, "bucket_cap_mb", unit="MiB")
     if comm_hook is not None and not callable(comm_hook):
         raise TypeError(f"comm_hook must be callable, got {type(comm_hook).__name__}")
     if reduction is not None and not isinstance(reduction, BucketReduction):

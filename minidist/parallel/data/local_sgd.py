@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from ...checks import integer
 from ...collectives import all_reduce_coalesced
 from ...costmodel.collectives import ring_bytes
 from .ddp import DistributedDataParallel
@@ -144,6 +145,4 @@ def accumulate_gradients(ddp, micro_batches: Sequence[tuple], loss_fn: Callable)
 
 
 def _check(period, warmup_steps) -> None:
-    for name, value, low in (("period", period, 1), ("warmup_steps", warmup_steps, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    integer(period, "period"), integer(warmup_steps, "warmup_steps", low=0)

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import Sampler
 
+from ...checks import integer
 from ...collectives.agreement import disagreement
 
 
@@ -66,8 +67,7 @@ class DistributedSampler(Sampler[int]):
         if not hasattr(dataset, "__len__"):
             raise TypeError("DistributedSampler needs a dataset with a length (a map-style "
                             f"dataset); got {type(dataset).__name__}, which has no __len__")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        integer(seed, "seed", low=None, error=TypeError)
         self.dataset, self.comm = dataset, comm
         self.rank, self.world_size = comm.rank, comm.world_size
         self.shuffle, self.seed, self.drop_last = bool(shuffle), seed, bool(drop_last)
@@ -78,8 +78,7 @@ class DistributedSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         """Use a fresh shuffle for ``epoch``; every rank must pass the same number."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        integer(epoch, "epoch", low=0)
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:

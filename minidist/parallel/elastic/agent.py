@@ -37,6 +37,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from ...checks import integer
 from ...errors import MinidistError, WorkerError
 from ...launch import launch as md_launch
 from .loop import HostsUpdatedInterrupt
@@ -180,10 +181,10 @@ def _directory(commit_dir: str | None):
 
 
 def _check_sizes(world_size, min_ranks, max_ranks, max_restarts) -> None:
-    for name, value, low in (("world_size", world_size, 1), ("min_ranks", min_ranks, 1),
-                             ("max_ranks", max_ranks, 1), ("max_restarts", max_restarts, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    for name, value in (("world_size", world_size), ("min_ranks", min_ranks),
+                        ("max_ranks", max_ranks)):
+        integer(value, name)
+    integer(max_restarts, "max_restarts", low=0)
     if not min_ranks <= world_size <= max_ranks:
         raise ValueError(f"world_size={world_size} must lie between min_ranks={min_ranks} and "
                          f"max_ranks={max_ranks}")

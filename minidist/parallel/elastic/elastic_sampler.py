@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ...checks import integer
+
 
 @dataclass(frozen=True)
 class ElasticBatch:
@@ -69,11 +71,8 @@ class ElasticSampler:
     ``seed + epoch``). ``epoch`` and ``position`` are the state a commit saves."""
 
     def __init__(self, num_samples: int, batch_size: int, shuffle: bool = True, seed: int = 0):
-        for name, value, low in (("num_samples", num_samples, 1), ("batch_size", batch_size, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        integer(num_samples, "num_samples"), integer(batch_size, "batch_size")
+        integer(seed, "seed", low=None, error=TypeError)
         self.num_samples, self.batch_size = num_samples, batch_size
         self.shuffle, self.seed = bool(shuffle), seed
         self.epoch, self.position = 0, 0
@@ -94,8 +93,7 @@ class ElasticSampler:
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning (a new epoch's position is 0)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        integer(epoch, "epoch", low=0)
         self.epoch, self.position = epoch, 0
 
     def remaining(self) -> int:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import torch
 
+from ...checks import integer
 from ...collectives import broadcast
 from .elastic_sampler import ElasticBatch
 from .rendezvous import Rendezvous
@@ -81,6 +82,4 @@ def _check_run_args(train_step, state, epochs, commit_every) -> None:
     if not isinstance(state, TorchState) or state.sampler is None:
         raise TypeError("state must be an md.elastic.TorchState with a sampler= (an "
                         "md.elastic.ElasticSampler)")
-    for name, value, low in (("epochs", epochs, 0), ("commit_every", commit_every, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    integer(epochs, "epochs", low=0), integer(commit_every, "commit_every")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...checks import integer, one_of, positive_int
 from ...collectives import broadcast
 from .reports import ServerReport, WorkerReport
 from .server import ShardServer
@@ -187,17 +188,14 @@ def _check_args(comm, model, num_servers, mode, staleness, optimizer_class, on_w
                 slice_threshold) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if isinstance(num_servers, bool) or not isinstance(num_servers, int) or num_servers < 1:
-        raise ValueError(f"num_servers must be an int >= 1, got {num_servers!r}")
+    positive_int(num_servers, "num_servers")
     if num_servers >= comm.world_size:
         raise ValueError(f"num_servers={num_servers} leaves no worker: world_size is "
                          f"{comm.world_size}, and ranks 0..num_servers-1 are servers, so "
                          f"num_servers must be at most {comm.world_size - 1}")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; the modes are {', '.join(map(repr, MODES))}")
-    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
-        raise ValueError(f"staleness must be an int >= 0 (steps a worker may run ahead of the "
-                         f"slowest), got {staleness!r}")
+    integer(staleness, "staleness (steps a worker may run ahead of the slowest)", low=0)
     if staleness and mode != "ssp":
         raise ValueError(f"staleness={staleness} only means something with mode='ssp', "
                          f"not mode={mode!r}")
@@ -205,13 +203,9 @@ def _check_args(comm, model, num_servers, mode, staleness, optimizer_class, on_w
                                                               torch.optim.Optimizer)):
         raise TypeError(f"optimizer_class must be a torch.optim.Optimizer subclass, got "
                         f"{optimizer_class!r}")
-    if on_worker_exit not in ON_WORKER_EXIT:
-        raise ValueError(f"on_worker_exit must be one of {ON_WORKER_EXIT}, got "
-                         f"{on_worker_exit!r}")
-    if slice_threshold is not None and (isinstance(slice_threshold, bool) or not
-                                        isinstance(slice_threshold, int) or slice_threshold < 1):
-        raise ValueError(f"slice_threshold must be a positive int (elements) or None, got "
-                         f"{slice_threshold!r}")
+    one_of(on_worker_exit, ON_WORKER_EXIT, "on_worker_exit")
+    if slice_threshold is not None:
+        positive_int(slice_threshold, "slice_threshold (elements, or None)")
     params = list(model.parameters())
     if not params:
         raise ValueError("model has no parameters: a parameter server has nothing to serve")

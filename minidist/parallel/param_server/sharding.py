@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...checks import positive_int
 from ...collectives.tags import chunk_bounds
 
 DEFAULT_SLICE_THRESHOLD = 1_000_000  # MXNet's MXNET_KVSTORE_BIGARRAY_BOUND
@@ -148,8 +149,7 @@ def plan_shards(shapes: list[tuple[int, ...]], num_servers: int,
                 slice_threshold: int | None = DEFAULT_SLICE_THRESHOLD) -> ShardPlan:
     """The plan for tensors of ``shapes`` over ``num_servers`` servers (see the module
     docstring); ``slice_threshold=None`` never slices (whole tensors only)."""
-    if isinstance(num_servers, bool) or not isinstance(num_servers, int) or num_servers < 1:
-        raise ValueError(f"num_servers must be an int >= 1, got {num_servers!r}")
+    positive_int(num_servers, "num_servers")
     sizes = [_numel(s) for s in shapes]
     shards: list[list[Piece]] = [[] for _ in range(num_servers)]
     loads = [0] * num_servers

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ...checks import one_of
 from .measure import SavedBytes
 
 SPLIT_BY = ("layers", "params", "cost")
@@ -99,8 +100,7 @@ def split_model(model, stages: int, by: str = "layers",
     "cost" (``sample`` needed: a batch for the first layer). The parts share the model's
     parameters; stage r runs ``parts[r]``."""
     layers = _layers(model)
-    if by not in SPLIT_BY:
-        raise ValueError(f"by must be one of {SPLIT_BY}, got by={by!r}")
+    one_of(by, SPLIT_BY, "by")
     if by == "layers":
         weights: list[float] = [1.0] * len(layers)
     elif by == "params":

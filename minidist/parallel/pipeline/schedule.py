@@ -24,11 +24,11 @@ costs the ideal m (t_f + t_b) plus the bubble, an idle share (p - 1) / (m + p - 
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
 
 import torch
 
+from ...checks import positive_int, tensor
 from ...costmodel import bubble_fraction
 from .schedules import actions
 from .simulator import simulate
@@ -74,11 +74,8 @@ class PipelineSchedule:
     def __init__(self, stage, n_microbatches: int, loss_fn: Callable | None = None,
                  schedule=None, after_backward: Callable | None = None):
         self.stages = _check_stages(stage)
-        if isinstance(n_microbatches, bool) or not isinstance(n_microbatches, numbers.Integral) \
-                or n_microbatches < 1:
-            raise ValueError(f"n_microbatches must be a positive integer, got "
-                             f"{n_microbatches!r}")
-        self.stage, self.n_microbatches = stage, int(n_microbatches)
+        self.stage = stage
+        self.n_microbatches = positive_int(n_microbatches, "n_microbatches")
         self.is_first, self.is_last = self.stages[0].is_first, self.stages[-1].is_last
         if self.is_last and loss_fn is None:
             raise ValueError("the last stage needs loss_fn(output, target)")
@@ -104,8 +101,7 @@ class PipelineSchedule:
         return simulate(self._lists, microbatches=m, chunks=v).bubble
 
     def _split(self, t, what: str) -> list[torch.Tensor]:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{what} must be a tensor, got {type(t).__name__}")
+        tensor(t, what)
         if t.dim() == 0 or t.shape[0] < self.n_microbatches:
             raise ValueError(f"{what} of shape {tuple(t.shape)} cannot be split into "
                              f"n_microbatches={self.n_microbatches} along dim 0")

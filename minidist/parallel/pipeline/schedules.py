@@ -19,19 +19,11 @@ in how many micro-batches' activations a stage holds at once (:func:`peak_in_fli
 
 from __future__ import annotations
 
-import numbers
+from ...checks import positive_int
 
 Action = tuple  # ("F" | "B", microbatch) or ("F" | "B", microbatch, chunk)
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved")
-
-
-def _positive(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{what} must be a positive integer, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{what} must be a positive integer, got {value}")
-    return int(value)
 
 
 def naive(stages: int, microbatches: int) -> list[list[Action]]:
@@ -110,9 +102,9 @@ def actions(name: str, stages: int, microbatches: int, chunks: int = 1) -> list[
     "interleaved"): a list of ``stages`` lists of ``("F" | "B", microbatch)`` tuples
     (``("F" | "B", microbatch, chunk)`` for "interleaved"). ``md.pipeline.simulate`` checks
     and times them; ``md.ScheduleGPipe`` / ``md.Schedule1F1B`` run them."""
-    p = _positive(stages, "stages")
-    m = _positive(microbatches, "microbatches")
-    v = _positive(chunks, "chunks")
+    p = positive_int(stages, "stages", TypeError)
+    m = positive_int(microbatches, "microbatches", TypeError)
+    v = positive_int(chunks, "chunks", TypeError)
     if not isinstance(name, str) or name.lower() not in SCHEDULES:
         raise ValueError(f"unknown schedule name={name!r}; choose one of {SCHEDULES}")
     name = name.lower()

@@ -45,6 +45,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from ...checks import positive_number, zero_stage
 from ...costmodel.zero import ZERO_STAGES, zero_step_bytes
 from ..data.replicas import check_args, sync_module_states
 from .flat_shards import storage_bytes
@@ -157,15 +158,12 @@ def _stage_classes() -> dict[int, type[ZeRO]]:
 
 
 def _check_options(stage, optimizer_class, bucket_cap_mb, units, prefetch) -> None:
-    if not _is_stage(stage):
-        raise ValueError(f"stage must be one of 0, 1, 2, 3 (ZeRO's stages), got {stage!r}")
+    zero_stage(stage)
     if not (isinstance(optimizer_class, type)
             and issubclass(optimizer_class, torch.optim.Optimizer)):
         raise TypeError("optimizer_class must be a torch.optim.Optimizer subclass (the class, "
                         f"e.g. torch.optim.AdamW, not an instance), got {optimizer_class!r}")
-    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) \
-            or not bucket_cap_mb > 0:
-        raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}")
+    positive_number(bucket_cap_mb, "bucket_cap_mb", unit="MiB")
     if units is not None and not all(isinstance(u, nn.Module) for u in units):
         raise TypeError("units must be a list of submodules (nn.Module) of the model")
     if prefetch and stage != 3:

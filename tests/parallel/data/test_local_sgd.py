@@ -122,9 +122,9 @@ def test_accumulation_is_one_large_batch(world_size):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"period": 0}, "period must be an integer >= 1, got 0"),
-    ({"period": 1.5}, "period must be an integer >= 1"),
-    ({"period": 2, "warmup_steps": -1}, "warmup_steps must be an integer >= 0, got -1"),
+    ({"period": 0}, "period must be a positive integer, got 0"),
+    ({"period": 1.5}, "period must be a positive integer"),
+    ({"period": 2, "warmup_steps": -1}, "warmup_steps must be a non-negative integer, got -1"),
 ])
 def test_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):

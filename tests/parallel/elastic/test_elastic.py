@@ -204,14 +204,14 @@ def test_bad_arguments_name_the_mistake(tmp_path):
     with pytest.raises(ValueError, match="world_size=4 must lie between min_ranks=1 and "
                                          "max_ranks=3"):
         md.elastic.launch(train, 4, max_ranks=3)
-    with pytest.raises(ValueError, match="max_restarts must be an int >= 0, got -1"):
+    with pytest.raises(ValueError, match="max_restarts must be a non-negative integer, got -1"):
         md.elastic.launch(train, 2, max_restarts=-1)
     store = md.elastic.CommitStore(tmp_path)
     with pytest.raises(ValueError, match="optimizer is required"):
         TorchState(store, make_model())
     with pytest.raises(TypeError, match="store must be a CommitStore"):
         TorchState(str(tmp_path), make_model())
-    with pytest.raises(ValueError, match="commit_every must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="commit_every must be a positive integer, got 0"):
         md.elastic.run(print, None, TorchState(store, make_model(), torch.optim.SGD(
             make_model().parameters(), lr=0.1), sampler=ElasticSampler(4, 2)), None, 1, 0)
 

@@ -66,7 +66,7 @@ def test_mean_weights_uneven_and_empty_parts_to_the_global_mean(n, world):
 
 
 def test_errors_name_the_mistake():
-    with pytest.raises(ValueError, match="batch_size must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="batch_size must be a positive integer, got 0"):
         ElasticSampler(10, 0)
     with pytest.raises(ValueError, match="num_samples"):
         ElasticSampler(-1, 2)

@@ -24,14 +24,16 @@ COMM = SimpleNamespace(world_size=3, rank=0)  # fails before any communication
 @pytest.mark.parametrize("kwargs,error,text", [
     ({"num_servers": 3}, ValueError, r"num_servers=3 leaves no worker: world_size is 3"),
     ({"num_servers": 5}, ValueError, r"num_servers=5 leaves no worker"),
-    ({"num_servers": 0}, ValueError, r"num_servers must be an int >= 1, got 0"),
+    ({"num_servers": 0}, ValueError, r"num_servers must be a positive integer, got 0"),
     ({"mode": "hogwild"}, ValueError, r"unknown mode 'hogwild'; the modes are 'sync', "
                                       r"'async', 'ssp'"),
-    ({"mode": "ssp", "staleness": -1}, ValueError, r"staleness must be an int >= 0 .* got -1"),
+    ({"mode": "ssp", "staleness": -1}, ValueError,
+     r"staleness .* must be a non-negative integer, got -1"),
     ({"mode": "sync", "staleness": 2}, ValueError, r"staleness=2 only means something with "
                                                    r"mode='ssp'"),
     ({"on_worker_exit": "ignore"}, ValueError, r"on_worker_exit must be one of"),
-    ({"slice_threshold": 0}, ValueError, r"slice_threshold must be a positive int"),
+    ({"slice_threshold": 0}, ValueError, r"slice_threshold \(elements, or None\) must be a "
+                                                r"positive integer, got 0"),
     ({"optimizer_class": "sgd"}, TypeError, r"optimizer_class must be a torch.optim.Optimizer"),
     ({"momentum": 0.9, "lr": -1.0}, ValueError, r"optimizer_class=SGD rejects the optimizer "
                                                 r"arguments .*lr"),

@@ -76,7 +76,7 @@ def test_pack_unpack_roundtrip(servers):
 
 
 def test_plan_rejects_bad_server_count():
-    with pytest.raises(ValueError, match="num_servers must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="num_servers must be a positive integer, got 0"):
         plan_shards([(3,)], 0)
 
 
