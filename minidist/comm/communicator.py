@@ -28,7 +28,7 @@ from ..errors import CommTimeout, MessageMismatchError, PeerLeftError, SlowLinkT
 from ..trace import Timeline
 from ..transports.clock import WALL, bracketed
 from . import tensors
-from .contexts import ACK, ACK_CODE, WORLD_CTX, ack_tag, check_tag, child_ctx
+from .contexts import ACK, ACK_CODE, PAYLOAD, WORLD_CTX, Ch, ack_tag, check_tag, child_ctx
 from .receive_log import ReceiveLog
 from .stats import CommStats
 
@@ -195,14 +195,22 @@ class Communicator:
         """The library's uncounted channel: point-to-point on this communicator's control
         context, apart from user and collective traffic and not in ``stats``. Barrier,
         split and the collectives' agreement check talk here."""
-        return Channel(self, self._ctx + 1, count=False)
+        return Channel(self, self._ctx + Ch.CONTROL, count=False)
 
     @property
     def collective(self) -> Channel:
         """The collectives' channel: point-to-point on a context of its own, counted in
         ``stats`` and on the timeline like user messages, but apart from them, so a user's
         message can never be taken by a collective (or the reverse), whatever its tag."""
-        return Channel(self, self._ctx + 2, count=True)
+        return Channel(self, self._ctx + Ch.COLLECTIVE, count=True)
+
+    @property
+    def strategy(self) -> Channel:
+        """The strategies' channel: their point-to-point payload (the parameter server's
+        pushes and pulls, the pipeline's activations and gradients), counted in ``stats``
+        like user messages but on a context of its own, so neither a user's message nor a
+        collective's can be taken for one (``contexts.py``)."""
+        return Channel(self, self._ctx + Ch.STRATEGY, count=True)
 
     def capability(self, name: str):
         """An optional capability of the transport (``transports/protocol.py``), or None:
@@ -245,16 +253,16 @@ class Communicator:
 
     def isend(self, tensor, dst: int, tag: int = 0) -> Request:
         """Start sending; the tensor must stay unchanged until ``wait()`` returns."""
-        return self._isend(tensor, dst, tag, self._ctx, count=True)
+        return self._isend(tensor, dst, tag, self._ctx + Ch.USER, count=True)
 
     def irecv(self, tensor, src: int = ANY_SOURCE, tag: int = 0) -> Request:
         """Start receiving into ``tensor``; ``wait()`` returns the source rank."""
-        return self._irecv(tensor, src, tag, self._ctx, count=True)
+        return self._irecv(tensor, src, tag, self._ctx + Ch.USER, count=True)
 
     def sendrecv(self, send_tensor, dst: int, recv_tensor, src: int = ANY_SOURCE,
                  send_tag: int = 0, recv_tag: int | None = None) -> int:
         """Send to ``dst`` and receive from ``src`` at once, without deadlock (a ring step)."""
-        user = Channel(self, self._ctx, count=True)
+        user = Channel(self, self._ctx + Ch.USER, count=True)
         return user.sendrecv(send_tensor, dst, recv_tensor, src, send_tag, recv_tag)
 
     @bracketed
@@ -274,8 +282,8 @@ class Communicator:
         req = Request(self, raw, "isend", dst, tag, n, count=count, start=start)
         if self._rendezvous(ctx, n):
             self._check_rendezvous_backend()
-            req.ack = self._transport.irecv(ACK, self._group[dst], self._ctx + 3,
-                                            ack_tag(ctx - self._ctx, tag), ACK_CODE)
+            req.ack = self._transport.irecv(ACK, self._group[dst], self._ctx + Ch.ACK,
+                                            ack_tag(Ch(ctx - self._ctx), tag), ACK_CODE)
         return req
 
     @bracketed
@@ -312,10 +320,10 @@ class Communicator:
         return source
 
     def _rendezvous(self, ctx: int, nbytes: int) -> bool:
-        """Whether a message of ``nbytes`` on ``ctx`` is acknowledged (user and collective
-        traffic above the eager limit; never control traffic)."""
+        """Whether a message of ``nbytes`` on ``ctx`` is acknowledged (payload channels'
+        traffic above the eager limit: user, collective, strategy; never control)."""
         return (self.eager_limit is not None and nbytes > self.eager_limit
-                and ctx in (self._ctx, self._ctx + 2))
+                and ctx - self._ctx in PAYLOAD)
 
     def _check_rendezvous_backend(self) -> None:
         if self._transport.name == "torch":
@@ -337,8 +345,8 @@ class Communicator:
         if req in self._unacked:
             self._unacked.remove(req)
         if not req.raw.mismatch and self._rendezvous(req.ctx, req.nbytes):
-            self._transport.isend(ACK, self._group[req.source], self._ctx + 3,
-                                  ack_tag(req.ctx - self._ctx, req.tag), ACK_CODE)
+            self._transport.isend(ACK, self._group[req.source], self._ctx + Ch.ACK,
+                                  ack_tag(Ch(req.ctx - self._ctx), req.tag), ACK_CODE)
 
     def _numbering(self, peer: int | None) -> str:
         """On a split communicator, errors use its own (local) ranks: say which world ranks

@@ -41,25 +41,26 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
+from ..comm.contexts import SLOTS, Ch, base_of, channel_of
 from ..errors import CommError
 
 ANY = -1
 _MAX_INFLIGHT = 64  # payload sends kept in flight before waiting on the oldest
-_TAG_BITS = 28
+_TAG_BITS = 27
 USER_TAGS = (-(1 << (_TAG_BITS - 1)), 1 << (_TAG_BITS - 1))  # [low, high)
 
 
 def _wire_tags(ctx: int, tag: int) -> tuple[int, int]:
-    """gloo's tags for a message's header and payload: bit 0 tells them apart, bits 1-28
-    hold (a hash of the communicator + tag) mod 2**28, bits 29-30 the kind of context
-    (user, control, collectives: ``ctx % 4``, see ``comm/communicator.py``)."""
-    offset = ((ctx >> 2) * 0x9E3779B1) >> 7  # the communicator (ctx // 4), hashed
-    base = ((ctx & 3) << _TAG_BITS) | ((offset + tag) & ((1 << _TAG_BITS) - 1))
+    """gloo's tags (31-bit) for a message's header and payload: bit 0 tells them apart,
+    bits 1-27 hold (a hash of the communicator + tag) mod 2**27, bits 28-30 the channel
+    (``channel_of(ctx)``, ``comm/contexts.py``)."""
+    offset = ((base_of(ctx) // SLOTS) * 0x9E3779B1) >> 7  # the communicator, hashed
+    base = (channel_of(ctx) << _TAG_BITS) | ((offset + tag) & ((1 << _TAG_BITS) - 1))
     return 2 * base, 2 * base + 1  # header tag, payload tag
 
 
 def _check_user_tag(ctx: int, tag: int) -> None:
-    if ctx & 3 == 0 and not USER_TAGS[0] <= tag < USER_TAGS[1]:
+    if channel_of(ctx) == Ch.USER and not USER_TAGS[0] <= tag < USER_TAGS[1]:
         raise ValueError(f"tag {tag} is out of range for the torch backend, which carries "
                          f"tags in gloo's 31-bit tags: use tags in [{USER_TAGS[0]}, "
                          f"{USER_TAGS[1]})")

@@ -33,6 +33,8 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ...comm.contexts import PAYLOAD, Ch, channel_of
+
 COLLECTIVES, SENDRECV, SAMPLER = "collectives", "sendrecv", "sampler"
 BUCKETS, DATA_PARALLEL, FIT, PREDICT = "buckets", "data_parallel", "fit", "predict"
 PARAM_SERVER, TENSOR_PARALLEL, PIPELINE = "param_server", "tensor_parallel", "pipeline"
@@ -356,17 +358,17 @@ class GuardedTransport:
         return getattr(self._inner, name)
 
     def _check(self, ctx: int) -> None:
-        if self._refuse and ctx % 4 == 2:
+        if self._refuse and channel_of(ctx) == Ch.COLLECTIVE:
             raise NotAllowed(message("minidist's collectives (md.all_reduce, "
                                      "minidist.collectives.*, comm.collective)", COLLECTIVES))
 
     def isend(self, tensor, dst, ctx, tag, code):
         self._check(ctx)
         nbytes = tensor.numel() * tensor.element_size()
-        if ctx % 4 in (0, 2):
+        if channel_of(ctx) in PAYLOAD:
             self.sent[dst] = self.sent.get(dst, 0) + nbytes
             self.messages[dst] = self.messages.get(dst, 0) + 1
-        elif ctx % 4 == 1:
+        elif channel_of(ctx) == Ch.CONTROL:
             self.hidden += nbytes
         return self._inner.isend(tensor, dst, ctx, tag, code)
 

@@ -148,7 +148,7 @@ class ShardServer:
             self.comm.stats.on_recv(src, slot.numel() * slot.element_size())
             return slot
         grad = self.pool.pop() if self.pool else torch.empty_like(self.flat)
-        reqs = [self.comm.collective.irecv(grad[g.start:g.stop], src, P.GRADS)
+        reqs = [self.comm.strategy.irecv(grad[g.start:g.stop], src, P.GRADS)
                 for g in self.segments]
         try:
             for r in reqs:
@@ -213,7 +213,7 @@ class ShardServer:
         self.sends[w].append(self.comm.control.isend(reply, w, P.REPLY))
         nbytes = self.flat.numel() * self.flat.element_size()
         if self.shared is None:
-            self.sends[w] += [self.comm.collective.isend(self.flat[g.start:g.stop], w,
+            self.sends[w] += [self.comm.strategy.isend(self.flat[g.start:g.stop], w,
                                                          P.PARAMS) for g in self.segments]
         else:  # the worker copies the shard itself; count it as the message it replaces
             self.comm.stats.on_send(w, nbytes)

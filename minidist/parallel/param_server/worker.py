@@ -81,7 +81,7 @@ class WorkerClient:
                 if buf is None:
                     buf = targets[0].new_empty(g.stop - g.start)
                     staged.append((g, buf))
-                reqs.append(self.comm.collective.irecv(buf, s, P.PARAMS))
+                reqs.append(self.comm.strategy.irecv(buf, s, P.PARAMS))
         return replies, reqs, staged
 
     def _receive(self, pending: tuple[list, list, list]) -> list[torch.Tensor]:
@@ -138,7 +138,7 @@ class WorkerClient:
         head = P.header(P.PUSH, self.versions[s], self.plan.numel(s))
         if self.shared is None:
             return [self.comm.control.isend(head, s, P.HEADER)] + [
-                self.comm.collective.isend(g.pack(grads), s, P.GRADS) for g in self.segments[s]]
+                self.comm.strategy.isend(g.pack(grads), s, P.GRADS) for g in self.segments[s]]
         slot = self.shared[s].slots[self.comm.rank]
         self.plan.pack_into(s, grads, slot)
         self.comm.stats.on_send(s, slot.numel() * slot.element_size())

@@ -16,9 +16,11 @@ early (:meth:`P2PCommunicator.prefetch_forward`), so the message lands while the
 computes. A gradient always has the shape of the activation it belongs to, which the stage
 itself sent, so it never needs a header: :meth:`P2PCommunicator.send_forward` posts its
 receive at once. Sends are ``isend``, waited for only at the end of the step
-(:meth:`P2PCommunicator.wait_sends`): a stage never stalls on its own send.
+(:meth:`P2PCommunicator.wait_sends`): a stage never stalls on its own send. Every
+message travels on the communicator's strategy channel (``comm.strategy``), apart from
+the user's messages and the collectives' (``comm/contexts.py``).
 
-Wire format (what the grader and the benches count), on the communicator's own channel:
+Wire format (what the grader and the benches count), on ``comm.strategy``:
 
     flag        int64 [1]            1: headers follow this step     tag(-1, FLAG, dest)
     header      int64 [2 + 8]        dtype index, ndim, shape, 0s    tag(i, HEADER, dest)
@@ -112,8 +114,8 @@ class P2PCommunicator:
             self.headers = bool(changed) or not self._stepped
         else:
             self.headers, buf = None, self._empty(1, torch.int64)
-            self._flag_recv = (self.comm.irecv(buf, self.prev_rank, self._tag(-1, FLAG, 0)),
-                               buf)
+            flag = self.comm.strategy.irecv(buf, self.prev_rank, self._tag(-1, FLAG, 0))
+            self._flag_recv = (flag, buf)
         self._stepped = True
 
     def _flag_arrived(self, block: bool) -> bool:
@@ -149,7 +151,7 @@ class P2PCommunicator:
             self._flag_arrived(block=True)
             if self.headers:
                 h = self._empty(2 + _MAX_DIMS, torch.int64)
-                self.comm.recv(h, self.prev_rank, self._tag(i, HEADER, 0))
+                self.comm.strategy.recv(h, self.prev_rank, self._tag(i, HEADER, 0))
                 self._shapes[i] = read_header(h)
             elif i not in self._shapes:
                 raise RuntimeError(f"stage {self.stage_index}: no shape known for micro-batch "
@@ -191,12 +193,12 @@ class P2PCommunicator:
         return torch.empty(shape, dtype=dtype, device=self.device)
 
     def _isend(self, t: torch.Tensor, peer: int, message_tag: int) -> None:
-        self._sends.append(self.comm.isend(t, peer, message_tag))
+        self._sends.append(self.comm.strategy.isend(t, peer, message_tag))
 
     def _post(self, kind: int, i: int, shape, dtype: torch.dtype) -> None:
         peer = self.prev_rank if kind == ACT else self.next_rank
         buf = self._empty(shape, dtype)
-        self._recvs[(kind, i)] = (self.comm.irecv(buf, peer, self._tag(i, kind, 0)), buf)
+        self._recvs[(kind, i)] = (self.comm.strategy.irecv(buf, peer, self._tag(i, kind, 0)), buf)
 
     def _wait(self, kind: int, i: int) -> torch.Tensor:
         req, buf = self._recvs.pop((kind, i))

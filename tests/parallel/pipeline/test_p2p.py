@@ -52,8 +52,8 @@ class Done:
 
 class FakeComm:
     """What a stage uses of a Communicator: rank, world_size, device, timeline, and
-    isend / irecv / recv over a :class:`Wire` (``wire=None``: sends kept, receives never
-    complete, for data-less meta tensors)."""
+    isend / irecv / recv of its ``strategy`` channel over a :class:`Wire` (``wire=None``:
+    sends kept, receives never complete, for data-less meta tensors)."""
 
     def __init__(self, rank: int, world_size: int, wire: Wire | None = None,
                  device: torch.device = CPU):
@@ -75,6 +75,10 @@ class FakeComm:
 
     def recv(self, buf, src, tag):
         self.irecv(buf, src, tag).wait()
+
+    @property
+    def strategy(self):  # the channel the stage's messages travel on: this fake itself
+        return self
 
 
 def test_a_meta_stage_sends_and_receives_on_meta():
