@@ -70,7 +70,9 @@ def test_there_are_typical_wrong_answers_of_every_kind():
                  "topk_signed_not_magnitude", "topk_sum_not_average",
                  "topk_dense_all_reduce", "files_ring_all_reduce", "files_ring_reduce_scatter",
                  "files_hierarchical_all_reduce", "hier_leader_only", "hier_across_tree",
-                 "files_topk_step", "files_powersgd_step", "files_zoo10_ring"):
+                 "files_topk_step", "files_powersgd_step", "files_zoo10_ring",
+                 "dpsync_replaces_list_entries", "step_never_waits_its_sends",
+                 "zoo10_zero_dense_all_reduce", "zoo10_pipe_gpipe"):
         assert kind in names
     assert len(WRONG) >= 50
 

@@ -47,6 +47,7 @@ def notebook(wrong: Wrong, root: pathlib.Path = ROOT):
 def all_wrong() -> list[Wrong]:
     from . import (
         bypasses,
+        contracts,
         exact_counts,
         exercise_00,
         exercise_01,
@@ -66,4 +67,4 @@ def all_wrong() -> list[Wrong]:
             *exercise_02_buckets.WRONG, *exercise_03.WRONG, *exercise_04.WRONG,
             *exercise_05.WRONG, *exercise_06.WRONG, *exercise_07.WRONG, *exercise_08.WRONG,
             *exercise_09.WRONG, *exercise_10.WRONG, *bypasses.WRONG,
-            *exact_counts.WRONG]
+            *exact_counts.WRONG, *contracts.WRONG]

@@ -298,11 +298,41 @@ class Logged(nn.Module):
         return _Mark.apply(self.inner(x), self.log)
 
 
+class SendsKept:
+    """``comm`` as the learner's ``pipeline_step`` sees it, keeping every request its
+    ``isend`` returns: the spec says the step waits for all of them before it returns (until
+    then the sent tensor must not change, and the stage may not reuse it)."""
+
+    def __init__(self, comm):
+        self._comm, self.sends = comm, []
+
+    def __getattr__(self, name):
+        return getattr(self._comm, name)
+
+    def isend(self, *args, **kwargs):
+        req = self._comm.isend(*args, **kwargs)
+        self.sends.append(req)
+        return req
+
+    def check_waited(self) -> None:
+        # _finished: set by the request's own wait() or a test() that saw it done, so only
+        # by the learner's code here (the grader has not touched these requests)
+        open_ = [req for req in self.sends if not getattr(req, "_finished", True)]
+        if open_:
+            raise StageMistake(
+                f"on stage {self._comm.rank}, pipeline_step returned with {len(open_)} of its "
+                f"{len(self.sends)} isend(s) never waited for (the first to rank "
+                f"{open_[0].peer}): wait for every request in pending before returning, as "
+                "the spec says (until a send completes its tensor must stay as it is)")
+
+
 def _step_case(comm, fn, module, acts, m, data) -> dict:
     r, p = comm.rank, comm.world_size
     x, y = data
     log: list[str] = []
     buf = x.clone() if r == 0 else torch.empty_like(x)
-    loss = fn(comm, Logged(module, log), list(acts), m, buf, y.clone() if r == p - 1 else None,
+    kept = SendsKept(comm)
+    loss = fn(kept, Logged(module, log), list(acts), m, buf, y.clone() if r == p - 1 else None,
               loss_fn)
+    kept.check_waited()
     return {"loss": loss if r == p - 1 else None, "log": log, "grads": _grads(module)}

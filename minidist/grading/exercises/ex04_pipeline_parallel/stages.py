@@ -155,7 +155,7 @@ def check_pipeline_step(learner) -> str:
         except Mistake as e:
             raise Mistake(f"{e}{scale_hint(stages, p, n, m, oracle)}") from None
     return ("one process's loss and gradients on every stage with 1F1B and GPipe, 2 to 4 "
-            "stages, micro-batches of unequal size")
+            "stages, micro-batches of unequal size, every isend waited for")
 
 
 def _check_loss(got, want: float, label: str, shape) -> None:

@@ -113,6 +113,11 @@ def _judge_sync(got: dict, rank: int, shape: dict, label: str) -> None:
         value = float(g.flatten()[i])
         where = (f"with {label}: rank {rank}'s gradient {j}, value [{i}] = {value:g}, "
                  f"expected {float(w.flatten()[i]):g}")
+        if j in (got.get("replaced") or []):
+            raise Mistake(f"{where}: the list's entry {j} was replaced by a new tensor, so the "
+                          "caller's tensor (a model's p.grad) never changed: average each "
+                          'gradient in place (md.all_reduce(group, g, op="avg") writes into g, '
+                          "or g.copy_(...))")
         raise Mistake(f"{where}: {sync_hint(got, rank, shape, (j, i, value), world)}")
 
 

@@ -111,13 +111,15 @@ def sync_case(comm, namespace, shape: Shape) -> dict:
         members = reference_group(comm.rank, shape, name)
         groups[name] = comm.split(color=members[0], key=members.index(comm.rank))
     grads = grads_of(comm.rank, comm.world_size)
+    originals = list(grads)  # the caller's tensors (a model's p.grad): judged, not the list
     returned = namespace["sync_gradients"](groups, grads)
     if isinstance(returned, (list, tuple)) and all(isinstance(t, torch.Tensor)
                                                    for t in returned):
         returned = [t.detach().clone() for t in returned]
     else:
         returned = None
-    return {"grads": [g.detach().clone() for g in grads], "returned": returned}
+    return {"grads": [g.detach().clone() for g in originals], "returned": returned,
+            "replaced": [j for j, (a, b) in enumerate(zip(originals, grads)) if a is not b]}
 
 
 def expected_grads(rank: int, shape: dict) -> list[torch.Tensor]:

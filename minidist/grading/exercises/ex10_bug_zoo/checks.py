@@ -203,9 +203,27 @@ def check_zero_sgd_step(learner) -> str:
         start, grad = probe.zero_start(n), probe.zero_mean_grad(n, p)
         want = start - LR * grad
         for r, result in enumerate(results):
-            _judge_zero(result["value"], want, start, grad, n, p, r, label)
+            _judge_zero(result["value"]["params"], want, start, grad, n, p, r, label)
+            _judge_zero_sharded(result["value"]["calls"], n, r, label)
     return ("every rank's parameters equal one SGD step on the mean gradient, for 2 to 12 "
-            "parameters on 3 and 4 ranks (divisible, padded, shards left empty)")
+            "parameters on 3 and 4 ranks (divisible, padded, shards left empty), the gradient "
+            "reduce-scattered and the updated shards all-gathered, never all-reduced whole")
+
+
+def _judge_zero_sharded(calls: list, n: int, r: int, label: str) -> None:
+    """ZeRO's mechanism, not only its numbers: a fix that all-reduces the whole gradient
+    and updates every parameter on every rank is data parallelism, not ZeRO."""
+    names = [name for name, _ in calls]
+    dense = [k for name, k in calls if name == "all_reduce" and k >= n]
+    if dense or "all_gather" not in names:
+        what = (f"all-reduced {dense[0]} elements (the whole gradient)" if dense else
+                f"called {', '.join(f'md.{x}' for x in names) or 'no collective'} and no "
+                "md.all_gather")
+        raise Mistake(f"with {label}: the parameters are right, but rank {r} {what}: that is "
+                      "data parallelism, every rank updating every parameter. ZeRO's point is "
+                      "the sharding: reduce-scatter the gradient, update only this rank's "
+                      "shard, all-gather the updated shards; keep that mechanism and fix the "
+                      "shard's bounds")
 
 
 def _zero_label(n: int, p: int) -> str:
@@ -296,9 +314,36 @@ def check_pipeline_1f1b(learner) -> str:
         ranks = [r["value"] for r in results]
         _judge_deadlock(ranks, m, p)
         _judge_pipeline(ranks, probe.pipeline_oracle(p, m), m, p, label)
-    return ("no deadlock and the loss and every stage's gradients of one process running the "
-            "stages in order, for 1 to 6 micro-batches on 2 and 4 stages (fewer micro-batches "
+        _judge_schedule(ranks, m, p, label)
+    return ("no deadlock, each stage's forwards and backwards in 1F1B's order, and the loss "
+            "and every stage's gradients of one process running the stages in order, for 1 to "
+            "6 micro-batches on 2 and 4 stages (fewer micro-batches "
             "than stages too)")
+
+
+def one_f_one_b_order(r: int, p: int, m: int) -> str:
+    """Stage r's forwards and backwards under 1F1B: min(p-r-1, m) warm-up forwards, then
+    one forward and one backward, then the cool-down's backwards."""
+    warm = min(p - r - 1, m)
+    return "F" * warm + "FB" * (m - warm) + "B" * warm
+
+
+def _judge_schedule(ranks: list[dict], m: int, p: int, label: str) -> None:
+    """The schedule's signature: a fix that swaps 1F1B for another schedule (GPipe's all
+    forwards first, or one micro-batch at a time) computes the same gradients."""
+    for r, out in enumerate(ranks):
+        want, got = one_f_one_b_order(r, p, m), out.get("order", "")
+        if got == want:
+            continue
+        flight = peak = 0
+        for kind in got:
+            flight += 1 if kind == "F" else -1
+            peak = max(peak, flight)
+        raise Mistake(f"with {label}: the loss and gradients are right, but stage {r} ran "
+                      f"{' '.join(got)} (up to {peak} micro-batch(es) in flight), where 1F1B "
+                      f"runs {' '.join(want)} (at most min(p - r, m) = {min(p - r, m)} in "
+                      "flight): keep the 1F1B schedule (warm-up, one forward one backward, "
+                      "cool-down) and fix its warm-up bound")
 
 
 def _judge_deadlock(ranks: list[dict], m: int, p: int) -> None:

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import torch
 
+from ....collectives import api
 from ....errors import CommTimeout
 from ...engine.compare import Tolerance
 from ...engine.compare import close as _close
 from ...engine.data import flag_value, pattern
+from ...engine.sandbox import observe
 
 
 def close(a, b, tol: float = 1e-9) -> bool:
@@ -151,10 +153,26 @@ def zero_grad(n: int, rank: int, world_size: int) -> torch.Tensor:
     return torch.randn(n, generator=g, dtype=torch.float64)
 
 
-def zero_case(comm, namespace, n: int, lr: float) -> torch.Tensor:
+ZERO_WATCHED = ("all_reduce", "reduce_scatter", "all_gather", "reduce", "broadcast")
+
+
+def zero_case(comm, namespace, n: int, lr: float) -> dict:
+    """The parameters after the learner's step, and the library collectives it called
+    (name, elements): ZeRO's signature is a gradient reduce-scattered and shards
+    all-gathered, never the whole gradient all-reduced."""
+    calls: list[list] = []
+
+    def record(name):
+        def around(original, comm_, t, *args, **kwargs):
+            calls.append([name, int(getattr(t, "numel", lambda: -1)())])
+            return original(comm_, t, *args, **kwargs)
+        return around
+
+    for name in ZERO_WATCHED:
+        observe(getattr(api, name), record(name))
     params = zero_start(n)
     namespace["zero_sgd_step"](comm, params, zero_grad(n, comm.rank, comm.world_size), lr)
-    return params
+    return {"params": params, "calls": calls}
 
 
 def zero_mean_grad(n: int, world_size: int) -> torch.Tensor:
@@ -238,9 +256,14 @@ def pipeline_case(comm, namespace, m: int) -> dict:
     rank skips the world's remaining cases instead of waiting on them again)."""
     if _SKIP["after_deadlock"]:
         return {"skipped": True}
-    layer, counts = stage_layer(comm.rank), {"F": 0, "B": 0}
-    layer.register_forward_hook(lambda *_: counts.__setitem__("F", counts["F"] + 1))
-    layer.weight.register_hook(lambda g: counts.__setitem__("B", counts["B"] + 1))
+    layer, counts, order = stage_layer(comm.rank), {"F": 0, "B": 0}, []
+
+    def note(kind: str) -> None:
+        counts[kind] += 1
+        order.append(kind)
+
+    layer.register_forward_hook(lambda *_: note("F"))
+    layer.weight.register_hook(lambda g: note("B"))
     xs = micro_inputs(m) if comm.rank == 0 else [torch.zeros(ROWS, WIDTH, dtype=torch.float64)
                                                  for _ in range(m)]
     out: dict = {}
@@ -251,6 +274,7 @@ def pipeline_case(comm, namespace, m: int) -> dict:
     except CommTimeout as e:
         out["blocked"] = {"op": e.op, "peer": e.peer}
     out.update(counts)
+    out["order"] = "".join(order)  # the schedule's signature: F and B in the order they ran
     if _any_rank(comm, "blocked" in out):
         _SKIP["after_deadlock"] = True
     return out
