@@ -70,7 +70,8 @@ class ColumnParallelLinear(nn.Module):
         self.sequence_parallel = sequence_parallel
         self.weight = nn.Parameter(weight.detach().clone())
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
-        self.register_buffer("rows", rows.clone(), persistent=False)
+        # on the weight's device: _place all-gathers it (NCCL sends CUDA tensors only)
+        self.register_buffer("rows", rows.to(self.weight.device, copy=True), persistent=False)
 
     @classmethod
     def from_full(cls, linear: nn.Linear, comm, gather_output: bool = False,
@@ -80,7 +81,8 @@ class ColumnParallelLinear(nn.Module):
         _check_layer(linear, nn.Linear, "ColumnParallelLinear.from_full")
         local = check_divisible(linear.out_features, comm, "out_features")
         if rows is None:
-            rows = torch.arange(comm.rank * local, (comm.rank + 1) * local)
+            rows = torch.arange(comm.rank * local, (comm.rank + 1) * local,
+                                device=linear.weight.device)
         if rows.numel() != local or rows.unique().numel() != local or \
                 not 0 <= int(rows.min()) <= int(rows.max()) < linear.out_features:
             raise ValueError(f"ColumnParallelLinear.from_full: rows must be {local} distinct "
