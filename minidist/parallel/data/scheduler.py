@@ -301,7 +301,8 @@ class BucketScheduler(SyncSwitch):
 
     def _globally_unused(self) -> set[int]:
         """Parameters no rank used since the last sync keep their ``.grad`` (PyTorch's rule)."""
-        flags = torch.tensor(self.used, dtype=torch.int32)
+        # on the communicator's device: NCCL reduces CUDA tensors only
+        flags = torch.tensor(self.used, dtype=torch.int32, device=self.comm.device)
         all_reduce(self.comm, flags, op="max")
         return {i for i, used in enumerate(flags.tolist()) if not used}
 
