@@ -30,7 +30,10 @@ from ..mesh import DeviceMesh
 def agree_found_inf(comms: Sequence, found: bool) -> bool:
     """``found`` on any rank of any of ``comms`` -> True on all of them: one all_reduce
     (max) of a float32 flag per communicator, in order. Collective on every communicator."""
-    flag = torch.tensor([1.0 if found else 0.0])
+    if not comms:
+        return found
+    # on the communicators' device: NCCL reduces CUDA tensors only (a mesh's groups share one)
+    flag = torch.tensor([1.0 if found else 0.0], device=comms[0].device)
     for comm in comms:
         all_reduce(comm, flag, op="max")
     return bool(flag.item())
