@@ -69,7 +69,8 @@ def run(train_step: Callable[[ElasticBatch], object], comm, state: TorchState,
 
 def check_membership(comm, rdzv: Rendezvous, step: int) -> None:
     """The agreement step: rank 0's view of the offered slots, broadcast to all."""
-    offered = torch.tensor([rdzv.offered(step) if comm.rank == 0 else 0], dtype=torch.int64)
+    offered = torch.tensor([rdzv.offered(step) if comm.rank == 0 else 0], dtype=torch.int64,
+                           device=comm.device)  # NCCL broadcasts CUDA tensors only
     broadcast(comm, offered, src=0)
     if int(offered) != comm.world_size:
         raise HostsUpdatedInterrupt(int(offered), step)

@@ -82,7 +82,7 @@ class TorchState:
             files = (None, self.store.path, self.store.prev)
             payload = self.store.load(warn=comm.rank == 0 and self.store.warn)
             mine = files.index(self.store.loaded_from)
-            which = int(broadcast(comm, torch.tensor([mine]), src=0))
+            which = int(broadcast(comm, torch.tensor([mine], device=comm.device), src=0))
             if not which:
                 return False
             if which != mine:
