@@ -108,7 +108,8 @@ def check_options(config: GPTConfig, mesh: DeviceMesh, microbatches: int, schedu
 def build_stage(config: GPTConfig, mesh: DeviceMesh, dtype: torch.dtype, algorithm: str):
     """This rank's layers (``nn.Sequential``): its pp stage of the GPT, tp-sharded. Also the
     full model's parameter names of the layers' parameters, and every full shape."""
-    gpt = GPT(config).to(dtype)  # the same weights on every rank (seeded)
+    # the same weights on every rank (seeded on the CPU), then on the mesh's device
+    gpt = GPT(config).to(dtype=dtype, device=mesh.comm.device)
     shapes = {name: p.shape for name, p in gpt.named_parameters()}
     tp = mesh["tp"]
     model = parallelize_gpt(gpt, tp, algorithm).model if tp.world_size > 1 else gpt
@@ -144,7 +145,9 @@ class HybridGPT:
     the pipeline; ``zero_stage`` (None: plain data parallelism) makes the dp dimension
     ``md.ZeRO``; ``optimizer_class(**optimizer_kwargs)`` steps this rank's parameters;
     ``dtype`` of the model; ``algorithm``: the all-reduce of tp and of plain dp
-    (``md.ALL_REDUCE_ALGORITHMS``). Collective: build it on every rank of ``mesh``."""
+    (``md.ALL_REDUCE_ALGORITHMS``). The layers live on ``mesh.comm.device`` (a CUDA
+    launch: the GPU; the batch is moved there). Collective: build it on every rank of
+    ``mesh``."""
 
     def __init__(self, config: GPTConfig, mesh: DeviceMesh, microbatches: int = 1,
                  schedule: str = "1f1b", zero_stage: int | None = None,
@@ -181,7 +184,7 @@ class HybridGPT:
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{what} must be a tensor whose batch size (dim 0) divides into "
                              f"dp={dp} equal slices, got {shape}")
-        return t.tensor_split(dp)[d]
+        return t.tensor_split(dp)[d].to(self.params[0].device)  # the batch may be on the CPU
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """One training step on the global batch ``(x, y)``; returns its mean loss (the
@@ -198,7 +201,7 @@ class HybridGPT:
     def _mean_loss(self, losses: list[torch.Tensor], y: torch.Tensor) -> float:
         """The step's loss: micro-batch losses weighted by size on the last stage, sent to
         every stage, averaged over dp (equal slices)."""
-        t = torch.zeros(1, dtype=torch.float64)
+        t = torch.zeros(1, dtype=torch.float64, device=self.params[0].device)  # NCCL: CUDA only
         if self.stage.is_last:
             sizes = [len(c) for c in torch.tensor_split(y, self.microbatches)]
             t[0] = sum(float(loss) * n for loss, n in zip(losses, sizes)) / len(y)
@@ -231,10 +234,10 @@ class HybridGPT:
         every rank: gathered over tp, then summed over pp (each stage adds the parameters it
         holds, zeros for the rest). Collective over the whole mesh."""
         mine = self._gathered_over_tp()
-        dtype = self.params[0].dtype
+        dtype, device = self.params[0].dtype, self.params[0].device
         out = {}
         for name, shape in self.shapes.items():
-            t = mine[name] if name in mine else torch.zeros(shape, dtype=dtype)
+            t = mine[name] if name in mine else torch.zeros(shape, dtype=dtype, device=device)
             out[name] = all_reduce(self.mesh["pp"], t.contiguous(), op="sum")
         return out
 
