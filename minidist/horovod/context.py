@@ -53,7 +53,9 @@ def init(comm=None) -> None:
     """Start minidist.horovod on ``comm`` (an ``md.Communicator``, e.g. the one
     ``md.launch`` passes), or without one on ``md.init()``'s: the world that ``minidist
     run -n N``, ``torchrun`` or a plain ``python`` (one rank) started. A second call while
-    initialized does nothing, as in Horovod."""
+    initialized does nothing, as in Horovod. Until ``shutdown()`` the background thread
+    runs its collectives on ``comm`` itself (the world communicator keeps its fast paths):
+    call no minidist collective on ``comm`` while an hvd call may still be in flight."""
     if _CURRENT:
         if comm is not None and comm is not _CURRENT[0].comm:
             raise RuntimeError("minidist.horovod is already initialized on another "
