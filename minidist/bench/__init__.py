@@ -18,4 +18,5 @@ BENCHMARKS = {
     "comm": "minidist.bench.comm",
     "emulation": "minidist.bench.emulation",
     "horovod": "minidist.bench.horovod",
+    "torch-backend": "minidist.bench.torch_backend",
 }

@@ -312,7 +312,7 @@ class ProcessGroupMinidist(torch_private.TorchHooks):
         check_single(call, tensors)
         check_tensors(call, tensors)
         self.call_counts[call] += 1
-        x = tensors[0].contiguous()
+        x = tensors[0].detach().contiguous()
         return RequestWork(self._p2p.isend(x, dst, tag))
 
     def recv(self, tensors, src: int, tag: int):
@@ -325,7 +325,7 @@ class ProcessGroupMinidist(torch_private.TorchHooks):
         check_single(call, tensors)
         check_tensors(call, tensors)
         self.call_counts[call] += 1
-        t = tensors[0]
+        t = tensors[0].detach()  # received bytes are not part of any autograd graph
         y = t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format)
         after = None if y is t else (lambda: t.copy_(y))
         return RequestWork(self._p2p.irecv(y, src, tag), after)

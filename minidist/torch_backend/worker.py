@@ -7,7 +7,9 @@ caller's thread (so a mistake raises where it was made), then queues the job for
 group's thread and returns a ``Work`` whose future the thread completes. Jobs run one at a
 time in the order they were issued, which every rank does alike, so the ranks' collectives
 on a group meet in the same order as if they ran on the caller's thread, bit for bit.
-The thread is a daemon: a rank that exits with work queued does not hang.
+Jobs run without autograd (``torch.no_grad``), as gloo's C++ does: DDP with
+``create_graph=True`` hands over buckets that require grad. The thread is a daemon: a
+rank that exits with work queued does not hang.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 
+import torch
 from torch.futures import Future
 
 from . import torch_private
@@ -52,7 +55,8 @@ class GroupWorker:
                 return
             job, result, fut = item
             try:
-                value = job()
+                with torch.no_grad():  # as gloo's: a collective is not recorded by autograd
+                    value = job()
             except BaseException as e:  # noqa: BLE001 (handed to whoever waits)
                 fut.set_exception(e)
                 continue
