@@ -166,7 +166,9 @@ class CommitStore:
         if not path.exists():
             raise _Damaged(path, f"{path} is missing.")
         try:
-            payload = torch.load(path, weights_only=True)
+            # onto the CPU: a commit written on a GPU restores anywhere (import_state puts
+            # each tensor on its parameter's device)
+            payload = torch.load(path, weights_only=True, map_location="cpu")
         except OSError:
             raise  # cannot be read at all (permissions): the OS's error names the file
         except Exception as e:  # torch raises 4 kinds for a damaged file

@@ -83,7 +83,7 @@ def import_state(model: nn.Module, optimizer: torch.optim.Optimizer | None,
     _load_buffers(model, state["buffers"])
     for p, full, saved in zip(params, state["params"], state["optim"]):
         p.copy_(full)
-        optimizer.state[p] = _copy(saved)
+        optimizer.state[p] = _copy(saved, p.device)
 
 
 def _buffers(model: nn.Module) -> list[torch.Tensor]:
@@ -100,8 +100,15 @@ def _load_buffers(model: nn.Module, saved: list[torch.Tensor]) -> None:
         b.copy_(value)
 
 
-def _copy(saved: dict) -> dict:
-    return {k: v.clone() if torch.is_tensor(v) else v for k, v in saved.items()}
+def _copy(saved: dict, device: torch.device | None = None) -> dict:
+    """A copy of one parameter's optimizer state; with ``device``, on it, except ``step``,
+    which stays where it is (torch's rule in ``Optimizer.load_state_dict``,
+    ``_process_value_according_to_param_policy``: the step count lives on the CPU)."""
+    def one(k, v):
+        if not torch.is_tensor(v):
+            return v
+        return v.to(device, copy=True) if device is not None and k != "step" else v.clone()
+    return {k: one(k, v) for k, v in saved.items()}
 
 
 def _check_count(n: int, state: FullState) -> None:
