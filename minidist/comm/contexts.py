@@ -41,6 +41,7 @@ class Ch(enum.IntEnum):
     STRATEGY = 4
 
 
+ANY_SOURCE = -1  # a receive from whoever sends first
 SLOTS = 8  # context ids per communicator (a power of two: the channel is ctx % SLOTS)
 WORLD_CTX = SLOTS  # the base of the communicator md.launch / md.init returns
 PAYLOAD = (Ch.USER, Ch.COLLECTIVE, Ch.STRATEGY)  # the counted channels, acknowledged above
