@@ -1,4 +1,7 @@
-"""Two helpers for the lessons, so that a saved notebook reads as well as a running one.
+"""Helpers for the lessons, so that a saved notebook reads as well as a running one.
+
+* ``quick_mode()``: True under CI or ``MINIDIST_QUICK=1``; lessons and benches shrink their
+  sweeps then.
 
 * ``progress(items, desc)``: tqdm's notebook bar while a long loop runs, replaced by one line
   ("ping-pong sizes: 9 of 9 in 26 s") when it ends, so a saved notebook holds neither a
@@ -16,11 +19,17 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
+import os
 import time
 
-from .bench.timing import quick_mode
-
 LIVE_NOTE = "(a live widget: run this cell in Jupyter to get the controls)"
+
+
+def quick_mode() -> bool:
+    """CI (``CI=true``) and ``MINIDIST_QUICK=1`` shrink sweeps to a few seconds: the lessons,
+    the exercises and the benches (``--quick``) all ask here."""
+    return os.environ.get("MINIDIST_QUICK", "") not in ("", "0") or \
+        os.environ.get("CI", "").lower() in ("1", "true")
 
 
 def in_notebook() -> bool:

@@ -39,21 +39,15 @@ from functools import partial
 import torch
 from torch import nn
 
+from ..checks import integer
 from ..launch import launch
 from ..models import GPT, CharText, lm_loss
 from ..parallel.amp import GradScaler, MixedPrecision, all_reduce_bytes
 from ..parallel.data import DistributedDataParallel
 from ..parallel.zero.flat_shards import storage_bytes
 from ..transports.network import Link, Network
-from .timing import (
-    add_common_arguments,
-    best_of_rounds,
-    format_table,
-    gpt_config,
-    pyplot,
-    quick_mode,
-    save_outputs,
-)
+from .spec import Bench, option, speedup
+from .timing import gpt_config, pyplot, save_figure
 
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 IMPLS = ("minidist", "torch")
@@ -61,13 +55,11 @@ FULL = {"n_embd": 128, "n_layer": 2, "block": 64, "batch": 16, "steps": 20, "rou
 QUICK = {"n_embd": 32, "n_layer": 1, "block": 16, "batch": 4, "steps": 4, "rounds": 1}
 
 
-def add_arguments(parser) -> None:
-    add_common_arguments(parser, "a tiny GPT, few steps (CI)")
-    parser.add_argument("--world-size", type=int, default=2, help="ranks (default 2)")
-    parser.add_argument("--torch-compress", action="store_true",
-                        help="torch rows all-reduce in 16 bits too (torch's compress hooks)")
-    parser.add_argument("--bandwidth", type=float, metavar="GB/s",
-                        help="run the minidist rows on an emulated network of this bandwidth")
+OPTIONS = (option("--world-size", type=int, default=2, help="ranks (default 2)"),
+           option("--torch-compress", action="store_true",
+                  help="torch rows all-reduce in 16 bits too (torch's compress hooks)"),
+           option("--bandwidth", type=float, metavar="GB/s",
+                  help="run the minidist rows on an emulated network of this bandwidth"))
 
 
 def _minidist_step(comm, precision: str, cfg: dict):
@@ -160,20 +152,18 @@ def measure(impl: str, precision: str, cfg: dict) -> dict:
     return out
 
 
-def run_all(cfg: dict, rounds: int) -> list[dict]:
-    """Every (precision, implementation) ``rounds`` times, interleaved; best round per row."""
-    cases = [({"precision": prec, "impl": impl}, partial(measure, impl, prec, cfg))
-             for prec in PRECISIONS for impl in IMPLS]
-    return derive(best_of_rounds(cases, rounds))
+def _cases(cfg: dict) -> list[tuple[dict, partial]]:
+    return [({"precision": prec, "impl": impl}, partial(measure, impl, prec, cfg))
+            for prec in PRECISIONS for impl in IMPLS]
 
 
-def derive(rows: list[dict]) -> list[dict]:
+def derive(rows: list[dict], cfg: dict | None = None) -> list[dict]:
     """ms, vs torch, bytes relative to the same implementation's fp32, memory in KiB."""
     by = {(r["precision"], r["impl"]): r for r in rows}
     for r in rows:
         r["ms"] = r["step_s"] * 1e3
         theirs = by.get((r["precision"], "torch"))
-        r["vs_torch"] = theirs["step_s"] / r["step_s"] if r["impl"] != "torch" else None
+        r["vs_torch"] = speedup(r, theirs) if r["impl"] != "torch" else None
         fp32 = by[("fp32", r["impl"])]
         r["bytes_vs_fp32"] = r["bytes"] / fp32["bytes"] if fp32["bytes"] else None
         r["time_vs_fp32"] = r["step_s"] / fp32["step_s"]
@@ -204,35 +194,39 @@ def cpu_16bit_units() -> str:
     return ", ".join(w for w in wanted if w in flags) or "none"
 
 
-def main(args) -> dict:
-    quick = args.quick or quick_mode()
-    preset = QUICK if quick else FULL
-    if args.world_size < 2:
-        raise ValueError(f"--world-size must be at least 2 (DDP), got {args.world_size}")
-    cfg = dict(preset, world_size=args.world_size, torch_compress=args.torch_compress,
-               bandwidth=args.bandwidth)
-    n = GPT(gpt_config(cfg, tie_weights=True)).num_params()
-    print(f"GPT {cfg['n_layer']} layers x {cfg['n_embd']} ({n / 1e6:.2f} M parameters), batch "
-          f"{cfg['batch']} x {cfg['block']} tokens per rank, {cfg['world_size']} ranks, AdamW, "
-          f"one torch thread per rank\nCPU: torch capability "
-          f"{torch.backends.cpu.get_cpu_capability()}, 16-bit units: {cpu_16bit_units()}")
+def _configure(preset: dict, args) -> dict:
+    integer(args.world_size, "--world-size", low=2, error=TypeError)  # DDP needs two ranks
+    return dict(preset, world_size=args.world_size, torch_compress=args.torch_compress,
+                bandwidth=args.bandwidth)
+
+
+def _params(cfg: dict) -> int:
+    return GPT(gpt_config(cfg, tie_weights=True)).num_params()
+
+
+def _header(cfg: dict) -> str:
+    text = (f"GPT {cfg['n_layer']} layers x {cfg['n_embd']} ({_params(cfg) / 1e6:.2f} M "
+            f"parameters), batch {cfg['batch']} x {cfg['block']} tokens per rank, "
+            f"{cfg['world_size']} ranks, AdamW, one torch thread per rank\nCPU: torch "
+            f"capability {torch.backends.cpu.get_cpu_capability()}, 16-bit units: "
+            f"{cpu_16bit_units()}")
     if cfg["bandwidth"]:
-        print(f"minidist rows on an emulated {cfg['bandwidth']:g} GB/s network; torch rows on gloo")
-    rows = run_all(cfg, args.rounds or preset["rounds"])
-    print(format_table(rows, COLUMNS))
-    print("\nvs torch: torch's ms / minidist's ms (above 1: minidist faster). KiB sent/step: "
-          "rank 0; torch's from the ring formula (gloo does not count).\nstate KiB: params + "
-          "grads + master weights + optimizer state of rank 0 after a step.\ntime vs fp32: "
-          "above 1 means 16 bits are slower here. Without avx512_fp16/amx_fp16 a CPU has no "
-          "float16 arithmetic units: every float16 op converts to float32 and back (F16C);\n"
-          "bfloat16 dot products run natively only with avx512_bf16/amx_bf16.")
-    for r in rows:
-        if r["impl"] == "minidist":
-            print(f"{r['precision']}: minidist {r['vs_torch']:.2f}x torch's speed, "
-                  f"{r['bytes_vs_fp32']:.2f}x the bytes of its fp32 run")
-    result = {"config": dict(cfg, parameters=n, cpu_16bit_units=cpu_16bit_units()),
-              "rows": rows}
-    return save_outputs(args, result, lambda path: plot(rows, path))
+        text += (f"\nminidist rows on an emulated {cfg['bandwidth']:g} GB/s network; torch "
+                 "rows on gloo")
+    return text
+
+
+NOTES = ("vs torch: torch's ms / minidist's ms (above 1: minidist faster). KiB sent/step: "
+         "rank 0; torch's from the ring formula (gloo does not count).\nstate KiB: params + "
+         "grads + master weights + optimizer state of rank 0 after a step.\ntime vs fp32: "
+         "above 1 means 16 bits are slower here. Without avx512_fp16/amx_fp16 a CPU has no "
+         "float16 arithmetic units: every float16 op converts to float32 and back (F16C);\n"
+         "bfloat16 dot products run natively only with avx512_bf16/amx_bf16.")
+
+
+def _result(rows: list[dict], cfg: dict) -> dict:
+    return {"config": dict(cfg, parameters=_params(cfg), cpu_16bit_units=cpu_16bit_units()),
+            "rows": rows}
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -253,5 +247,13 @@ def plot(rows: list[dict], path: str) -> None:
         ax.set(xlabel="precision", ylabel=label, title=title)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize="small", loc="lower right" if key == "memory_bytes" else "best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
+
+
+SPEC = Bench(
+    quick_help="a tiny GPT, few steps (CI)", full=FULL, quick=QUICK, options=OPTIONS,
+    configure=_configure, cases=_cases, derive=derive, columns=COLUMNS, header=_header,
+    notes=NOTES, result=_result, plot=plot,
+    summary=(lambda r: r["impl"] == "minidist", "{precision}: minidist {vs_torch:.2f}x torch's "
+             "speed, {bytes_vs_fp32:.2f}x the bytes of its fp32 run"))
+add_arguments, main = SPEC.add_arguments, SPEC.main

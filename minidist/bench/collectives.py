@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime
 
-import numpy as np
 import torch
 
 from ..collectives import ALL_REDUCE_ALGORITHMS, all_reduce
@@ -30,13 +29,16 @@ from ..collectives.agreement import agree, describe
 from ..collectives.auto import choose
 from ..costmodel import collectives as costs
 from ..launch import launch
+from ..notebook import quick_mode
 from .timing import (
     add_common_arguments,
+    fit_alpha_beta,
+    fit_relative,
     format_table,
     iterations_for,
     median_time,
     pyplot,
-    quick_mode,
+    save_figure,
     save_outputs,
 )
 
@@ -116,23 +118,13 @@ def measure(world_size: int, sizes, quick: bool) -> tuple[list[dict], dict]:
     return rows, local[0][1]
 
 
-def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
-    """t = alpha + n / beta, least squares on relative error (so 4 B counts as much as
-    64 MiB); returns (alpha seconds, beta bytes/s)."""
-    t = np.asarray(seconds, dtype=float)
-    a = np.vstack([np.ones(len(sizes)), np.asarray(sizes, dtype=float)]).T / t[:, None]
-    (alpha, inv_beta), *_ = np.linalg.lstsq(a, np.ones(len(sizes)), rcond=None)
-    return float(alpha), float(1 / inv_beta) if inv_beta > 0 else float("inf")
-
-
 def fit_path(path: str, p: int, sizes, seconds) -> tuple[float, float]:
     """The constants of ``path``'s cost formula, t = messages alpha + bytes / beta
     (``costs.terms``), least squares on relative error; returns (alpha s, beta bytes/s).
     alpha is clipped at 0: a slightly negative fit means "too small to see"."""
-    t = np.asarray(seconds, dtype=float)
-    a = np.array([costs.terms(path, n, p)[:2] for n in sizes], dtype=float) / t[:, None]
-    (alpha, inv_beta), *_ = np.linalg.lstsq(a, np.ones(len(sizes)), rcond=None)
-    return max(float(alpha), 0.0), float(1 / inv_beta) if inv_beta > 0 else float("inf")
+    terms = [costs.terms(path, n, p)[:2] for n in sizes]
+    alpha, beta = fit_relative(terms, seconds)
+    return max(alpha, 0.0), beta
 
 
 def main(args) -> dict:
@@ -212,5 +204,4 @@ def plot(rows: list[dict], path: str) -> None:
                title=f"all_reduce, {p} ranks")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)

@@ -41,20 +41,15 @@ from functools import partial
 
 import torch
 
+from ..checks import int_list
 from ..collectives import all_reduce
 from ..collectives.topology import Topology, topology_of
 from ..costmodel import cluster as cluster_costs
 from ..launch import launch
+from ..notebook import quick_mode
 from ..transports.network import Link, Network
-from .timing import (
-    add_common_arguments,
-    best_of_rounds,
-    format_table,
-    human_bytes,
-    pyplot,
-    quick_mode,
-    save_json,
-)
+from .spec import Bench, option
+from .timing import human_bytes, pyplot, save_figure, save_json
 
 INTRA = Link(alpha=10e-6, bandwidth=1e9, name="8 Gb/s (emulated)")
 INTER = Link(alpha=80e-6, bandwidth=125e6, name="1 Gb/s (emulated)")
@@ -65,11 +60,12 @@ QUICK = {"nodes": 2, "per_node": 2, "sizes": (64 << 10, 1 << 20), "rounds": 1, "
 GOAL = 1.5
 
 
+OPTIONS = (option("--only", choices=("topology", "compression"), help="run one half only"),
+           option("--sizes", metavar="LIST", help="bytes, comma-separated"))
+
+
 def add_arguments(parser) -> None:
-    add_common_arguments(parser, "2 x 2 ranks, two sizes (CI)")
-    parser.add_argument("--only", choices=("topology", "compression"),
-                        help="run one half only")
-    parser.add_argument("--sizes", metavar="LIST", help="bytes, comma-separated")
+    TOPOLOGY.add_arguments(parser)
     compression = _compression()
     if compression is not None:
         compression.add_arguments(parser)
@@ -178,39 +174,37 @@ def goal(rows: list[dict]) -> dict:
     return {"hierarchical_vs_ring": speedups, "best": best, "met": best >= GOAL}
 
 
-def measure(args) -> dict:
-    """Run the topology half, print its table and the goal; return the JSON-able result."""
-    cfg = _config(args)
-    print(f"Topology: {cfg['nodes']} nodes x {cfg['per_node']} ranks; emulated links "
-          f"{INTRA!r} inside a node, {INTER!r} between nodes; best of {cfg['rounds']} "
-          f"rounds of {cfg['iters']} calls\n")
-    rows = derive(best_of_rounds(_cases(cfg), cfg["rounds"]), cfg)
-    print(format_table(rows, COLUMNS))
+def _header(cfg: dict) -> str:
+    return (f"Topology: {cfg['nodes']} nodes x {cfg['per_node']} ranks; emulated links "
+            f"{INTRA!r} inside a node, {INTER!r} between nodes; best of {cfg['rounds']} "
+            f"rounds of {cfg['iters']} calls\n")
+
+
+def _notes(rows: list[dict], cfg: dict) -> str:
     g = goal(rows)
     by_size = ", ".join(f"{human_bytes(n)}: {s:.2f}x" for n, s in g["hierarchical_vs_ring"].items())
-    print(f"\nGoal: hierarchical at least {GOAL}x the flat ring on the emulated 2-node "
-          f"cluster (8x slower inter-node link): {by_size} ({'met' if g['met'] else 'NOT met'}"
-          f"). 'this machine' rows share one memory: no slow link, so no gain to expect.")
-    return {"config": cfg, "links": {"intra": repr(INTRA), "inter": repr(INTER)},
-            "rows": rows, "goal": g}
+    return (f"Goal: hierarchical at least {GOAL}x the flat ring on the emulated 2-node "
+            f"cluster (8x slower inter-node link): {by_size} ({'met' if g['met'] else 'NOT met'}"
+            f"). 'this machine' rows share one memory: no slow link, so no gain to expect.")
 
 
-def _config(args) -> dict:
-    quick = bool(getattr(args, "quick", False)) or quick_mode()
-    cfg = dict(QUICK if quick else FULL, quick=quick)
-    if getattr(args, "rounds", None):
-        if args.rounds < 1:
-            raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
-        cfg["rounds"] = args.rounds
+def _configure(preset: dict, args) -> dict:
+    cfg = dict(preset, quick=bool(getattr(args, "quick", False)) or quick_mode())
     if getattr(args, "sizes", None):
-        try:
-            cfg["sizes"] = tuple(int(s) for s in args.sizes.split(","))
-        except ValueError:
-            raise ValueError(f"--sizes takes byte counts separated by commas, got "
-                             f"{args.sizes!r}") from None
+        cfg["sizes"] = tuple(int_list(args.sizes, "--sizes (bytes)"))
         if any(s < 4 for s in cfg["sizes"]):
             raise ValueError(f"--sizes must be >= 4 bytes (one float32), got {args.sizes!r}")
     return cfg
+
+
+def _result(rows: list[dict], cfg: dict) -> dict:
+    return {"config": cfg, "links": {"intra": repr(INTRA), "inter": repr(INTER)},
+            "rows": rows, "goal": goal(rows)}
+
+
+def measure(args) -> dict:
+    """Run the topology half, print its table and the goal; return the JSON-able result."""
+    return TOPOLOGY.measure_and_report(args)[1]
 
 
 def main(args) -> dict:
@@ -243,8 +237,7 @@ def plot(result: dict, path: str, compression=None) -> None:
         else:
             compression.plot(result["compression"], axes[:2])
             axes[2].set_axis_off()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -278,3 +271,9 @@ def plot_topology(result: dict, axes) -> None:
     axes[2].set(ylabel="MB across nodes per call (all ranks)",
                 title=f"Inter-node bytes, {human_bytes(big[0]['bytes'])} tensor")
     axes[2].legend(fontsize="small")
+
+
+TOPOLOGY = Bench(
+    quick_help="2 x 2 ranks, two sizes (CI)", full=FULL, quick=QUICK, options=OPTIONS,
+    configure=_configure, cases=_cases, derive=derive, columns=COLUMNS, header=_header,
+    notes=_notes, result=_result)  # main draws --plot: both halves in one figure

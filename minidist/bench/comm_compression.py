@@ -36,12 +36,14 @@ from functools import partial
 import torch
 from torch import nn
 
+from ..checks import positive_int
 from ..compression import PowerSGD, TopK, dense_bytes, fp16_hook, powersgd_bytes, torch_hook
 from ..launch import launch
 from ..models import GPT, CharText, lm_loss
+from ..notebook import quick_mode
 from ..parallel.data import DistributedDataParallel, LocalSGD
 from ..transports.network import Link, Network
-from .timing import best_of_rounds, format_table, gpt_config, quick_mode
+from .timing import best_of_rounds, format_table, gpt_config
 
 MINIDIST = ("none", "fp16", "top-k", "PowerSGD", "local SGD")
 TORCH = ("none", "fp16", "PowerSGD", "minidist PowerSGD")
@@ -156,8 +158,7 @@ def _config(args) -> dict:
     if not 0 < args.ddp_topk_ratio <= 1:
         raise ValueError(f"--ddp-topk-ratio must be in (0, 1], got {args.ddp_topk_ratio}")
     for name in ("ddp_world_size", "ddp_period"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+        positive_int(getattr(args, name), "--" + name.replace("_", "-"))
     return dict(preset, quick=quick, world_size=args.ddp_world_size,
                 rounds=args.ddp_rounds or getattr(args, "rounds", None) or preset["rounds"],
                 topk_ratio=args.ddp_topk_ratio,

@@ -43,16 +43,8 @@ from ..models import synthetic_tokens
 from ..parallel.hybrid import HybridGPT
 from ..parallel.mesh import DeviceMesh
 from ..transports.network import Link, Network
-from .timing import (
-    add_common_arguments,
-    best_of_rounds,
-    format_table,
-    gpt_config,
-    median_time,
-    pyplot,
-    quick_mode,
-    save_outputs,
-)
+from .spec import Bench, option
+from .timing import gpt_config, median_time, pyplot, save_figure
 
 ALONE = "alone"
 CASES = (("DDP", ("p", 1, 1), None), ("ZeRO-1", ("p", 1, 1), 1),
@@ -65,11 +57,8 @@ QUICK = {"n_layer": 2, "n_head": 2, "n_embd": 32, "vocab": 64, "block": 16, "bat
 EMULATED = Link.ethernet_25g()
 
 
-def add_arguments(parser) -> None:
-    add_common_arguments(parser, "a small model, few steps (CI)")
-    parser.add_argument("--world-sizes", metavar="LIST", help="comma-separated, e.g. 2,4")
-    parser.add_argument("--emulated", action="store_true",
-                        help="also run every row on an emulated 25 GbE network")
+OPTIONS = (option("--emulated", action="store_true",
+                  help="also run every row on an emulated 25 GbE network"),)
 
 
 def plan_for(layout: tuple[int, int, int], zero: int | None, batch: int) -> Plan:
@@ -118,13 +107,11 @@ def _cases(world_sizes, emulated: bool) -> list[tuple[dict, tuple, int | None, b
     return out
 
 
-def run_measured(cfg: dict, world_sizes, rounds: int, emulated: bool) -> list[dict]:
-    cases = _cases(world_sizes, emulated)
-    work = [(dict(fields, layout="x".join(map(str, layout)), zero=zero),
+def _measured(cfg: dict) -> list[tuple[dict, partial]]:
+    return [(dict(fields, layout="x".join(map(str, layout)), zero=zero),
              partial(measure, layout, zero, cfg, emu,
                      fields["world"] if fields["strategy"] == ALONE else 0))
-            for fields, layout, zero, emu in cases]
-    return best_of_rounds(work, rounds)
+            for fields, layout, zero, emu in _cases(cfg["world_sizes"], cfg["emulated"])]
 
 
 def machine_cluster(world: int, flops_per_rank: float, emulated: bool) -> Cluster:
@@ -166,27 +153,37 @@ COLUMNS = [("world", "ranks", "d"), ("strategy", "strategy", "s"), ("layout", "d
            ("state_bytes", "state/rank", "bytes"), ("state_ratio", "state pred/meas", ".2f")]
 
 
-def main(args) -> dict:
-    quick = args.quick or quick_mode()
-    cfg = dict(QUICK if quick else FULL)
-    world_sizes = ([int(w) for w in args.world_sizes.split(",")] if args.world_sizes
-                   else list(cfg["world_sizes"]))
+def _derive(rows: list[dict], cfg: dict) -> list[dict]:
+    add_predictions(rows, cfg)
+    return rows
+
+
+def _rates(rows: list[dict]) -> dict[int, float]:
+    """GFLOP/s per rank of each world size, as its ``alone`` row measured."""
+    return {r["world"]: r["gflops_per_rank"] for r in rows if r["strategy"] == ALONE}
+
+
+def _header(cfg: dict) -> str:
     shape = GPTShape.from_config(gpt_config(cfg))
-    print(f"Measured here: GPT {cfg['n_layer']} layers x {cfg['n_embd']} ({shape.params / 1e6:.2f}"
-          f" M parameters), batch {cfg['batch']} x {cfg['block']} tokens, AdamW, float32, "
-          f"ring all-reduces, one torch thread per rank, {os.cpu_count()} cores\n")
-    rows = run_measured(cfg, world_sizes, args.rounds or cfg["rounds"], args.emulated)
-    rates = add_predictions(rows, cfg)
-    print(format_table(rows, COLUMNS))
-    fitted = ", ".join(f"{p} ranks {x / 1e9:.1f}" for p, x in rates.items())
-    print(f"\nPredicted by md.costmodel with X_p = GFLOP/s per rank measured by the 'alone' "
-          f"rows ({fitted}; those rows are the calibration, ratio 1\nby construction) and the "
-          "ring's alpha/beta from collectives/default_costs.json; pred/meas is reported, "
-          "never asserted. state: parameters,\ngradients and Adam state of the largest rank "
-          "(predicted: 16 B x Psi / (pp tp), ZeRO dividing by dp).")
-    result = {"config": dict(cfg, parameters=shape.params), "rows": rows,
-              "gflops_per_rank": {p: x / 1e9 for p, x in rates.items()}}
-    return save_outputs(args, result, lambda path: plot(rows, path))
+    return (f"Measured here: GPT {cfg['n_layer']} layers x {cfg['n_embd']} "
+            f"({shape.params / 1e6:.2f} M parameters), batch {cfg['batch']} x {cfg['block']} "
+            f"tokens, AdamW, float32, ring all-reduces, one torch thread per rank, "
+            f"{os.cpu_count()} cores\n")
+
+
+def _notes(rows: list[dict], cfg: dict) -> str:
+    fitted = ", ".join(f"{p} ranks {x:.1f}" for p, x in _rates(rows).items())
+    return (f"Predicted by md.costmodel with X_p = GFLOP/s per rank measured by the 'alone' "
+            f"rows ({fitted}; those rows are the calibration, ratio 1\nby construction) and the "
+            "ring's alpha/beta from collectives/default_costs.json; pred/meas is reported, "
+            "never asserted. state: parameters,\ngradients and Adam state of the largest rank "
+            "(predicted: 16 B x Psi / (pp tp), ZeRO dividing by dp).")
+
+
+def _result(rows: list[dict], cfg: dict) -> dict:
+    params = GPTShape.from_config(gpt_config(cfg)).params
+    return {"config": dict(cfg, parameters=params), "rows": rows,
+            "gflops_per_rank": _rates(rows)}
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -208,5 +205,13 @@ def plot(rows: list[dict], path: str) -> None:
         ax.set_xlabel("strategy, layout dp x pp x tp (25GbE: on the emulated network)")
         ax.legend(fontsize="small")
         ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
+
+
+SPEC = Bench(
+    quick_help="a small model, few steps (CI)", full=FULL, quick=QUICK,
+    lists={"world_sizes": "2,4"}, options=OPTIONS,
+    configure=lambda preset, args: dict(preset, emulated=args.emulated),
+    cases=_measured, derive=_derive, columns=COLUMNS, header=_header, notes=_notes,
+    result=_result, plot=plot)
+add_arguments, main = SPEC.add_arguments, SPEC.main

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -35,28 +34,16 @@ from torch import nn
 from ..launch import launch
 from ..models import mlp
 from ..parallel.data import DataParallelNaive, DistributedDataParallel
-from .timing import (
-    add_common_arguments,
-    best_of_rounds,
-    format_table,
-    pyplot,
-    quick_mode,
-    save_outputs,
-)
+from .spec import Bench, add_speed, option, slowest, speedup
+from .timing import pyplot, save_figure
 
 VARIANTS = ("minidist overlap", "minidist after", "minidist naive", "torch DDP")
 FULL = {"width": 1024, "depth": 5, "steps": 30, "world_sizes": (1, 2, 4), "rounds": 5}
 QUICK = {"width": 256, "depth": 3, "steps": 6, "world_sizes": (1, 2), "rounds": 1}
-
-
-def add_arguments(parser) -> None:
-    add_common_arguments(parser, "a small model, few steps (CI)")
-    parser.add_argument("--world-sizes", metavar="LIST", help="comma-separated, e.g. 1,2,4")
-    parser.add_argument("--batch", type=int, default=16, help="samples per rank per step")
-    parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="both DDPs")
-    parser.add_argument("--bucket-view", action="store_true",
-                        help="gradient_as_bucket_view=True on both DDPs")
-
+OPTIONS = (option("--batch", type=int, default=16, help="samples per rank per step"),
+           option("--bucket-cap-mb", type=float, default=25.0, help="both DDPs"),
+           option("--bucket-view", action="store_true",
+                  help="gradient_as_bucket_view=True on both DDPs"))
 
 make_mlp = mlp  # the lesson's name for it
 
@@ -101,32 +88,18 @@ def _run_rank(comm, variant: str, cfg: dict) -> dict:
 
 def measure(variant: str, world_size: int, cfg: dict) -> dict:
     backend = "torch" if variant == "torch DDP" else "local"
-    ranks = launch(_run_rank, world_size, args=(variant, cfg), backend=backend)
-    slowest = max(ranks, key=lambda r: r["step_s"])  # the step is as slow as its slowest rank
-    return dict(slowest)
+    return slowest(launch(_run_rank, world_size, args=(variant, cfg), backend=backend))
 
 
-def run_all(cfg: dict, world_sizes, rounds: int) -> list[dict]:
-    """Every (world size, wrapper) ``rounds`` times, interleaved so that all wrappers see the
-    same machine; each row is its best round (other processes only ever slow a run down)."""
-    cases = [({"world_size": p, "variant": v}, partial(measure, v, p, cfg))
-             for p in world_sizes for v in VARIANTS]
-    return derive(best_of_rounds(cases, rounds))
-
-
-def derive(rows: list[dict]) -> list[dict]:
+def derive(rows: list[dict], cfg: dict | None = None) -> list[dict]:
     """Add steps/s, communication share, scaling efficiency and speed-up over torch DDP."""
     by = {(r["world_size"], r["variant"]): r for r in rows}
-    for r in rows:
-        r["ms"] = r["step_s"] * 1e3
-        r["steps_per_s"] = 1 / r["step_s"]
+    for r in map(add_speed, rows):
         r["comm_share"] = max(0.0, 1 - r["local_s"] / r["step_s"])
         r["allreduce_ms"] = None if r["comm_s"] is None else r["comm_s"] * 1e3
         r["wait_ms"] = None if r["wait_s"] is None else r["wait_s"] * 1e3
-        one = by.get((1, r["variant"]))
-        r["efficiency"] = one["step_s"] / r["step_s"] if one else None
-        theirs = by.get((r["world_size"], "torch DDP"))
-        r["vs_torch"] = theirs["step_s"] / r["step_s"] if theirs else None
+        r["efficiency"] = speedup(r, by.get((1, r["variant"])))
+        r["vs_torch"] = speedup(r, by.get((r["world_size"], "torch DDP")))
     return rows
 
 
@@ -136,26 +109,12 @@ COLUMNS = [("world_size", "ranks", "d"), ("variant", "wrapper", "s"), ("ms", "ms
            ("efficiency", "scaling eff.", ".2f"), ("vs_torch", "vs torch", ".2f")]
 
 
-def main(args) -> dict:
-    quick = args.quick or quick_mode()
-    preset = QUICK if quick else FULL
-    world_sizes = ([int(w) for w in args.world_sizes.split(",")] if args.world_sizes
-                   else list(preset["world_sizes"]))
-    cfg = {"width": preset["width"], "depth": preset["depth"], "steps": preset["steps"],
-           "batch": args.batch, "cap": args.bucket_cap_mb, "view": args.bucket_view}
-    n_params = sum(p.numel() for p in make_mlp(cfg["width"], cfg["depth"]).parameters())
-    print(f"MLP {cfg['depth']} x {cfg['width']} ({n_params / 1e6:.2f} M parameters), batch "
-          f"{cfg['batch']} per rank, bucket cap {cfg['cap']:g} MiB, gradient_as_bucket_view="
-          f"{cfg['view']}, one torch thread per rank\n")
-    rows = run_all(cfg, world_sizes, args.rounds or preset["rounds"])
-    print(format_table(rows, COLUMNS))
-    print("\ncomm share: 1 - t(step under no_sync) / t(step), the same measure for every "
-          "wrapper;\nexposed: how long backward waited for minidist's buckets at its end")
-    result = {"config": dict(cfg, parameters=n_params), "rows": rows}
-    for r in rows:
-        if r["world_size"] == 2 and r["variant"] != "torch DDP":
-            print(f"world size 2, {r['variant']}: {r['vs_torch']:.2f}x the steps/s of torch DDP")
-    return save_outputs(args, result, lambda path: plot(rows, path))
+def _configure(preset: dict, args) -> dict:
+    return dict(preset, batch=args.batch, cap=args.bucket_cap_mb, view=args.bucket_view)
+
+
+def _parameters(cfg: dict) -> int:
+    return sum(p.numel() for p in make_mlp(cfg["width"], cfg["depth"]).parameters())
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -174,5 +133,19 @@ def plot(rows: list[dict], path: str) -> None:
         ax.set(ylabel=label, title=title)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
+
+
+SPEC = Bench(
+    quick_help="a small model, few steps (CI)", full=FULL, quick=QUICK,
+    lists={"world_sizes": "1,2,4"}, options=OPTIONS, configure=_configure,
+    variants=VARIANTS, measure=measure, derive=derive, columns=COLUMNS,
+    header="MLP {depth} x {width} ({millions:.2f} M parameters), batch {batch} per rank, "
+           "bucket cap {cap:g} MiB, gradient_as_bucket_view={view}, one torch thread per "
+           "rank\n",
+    notes="comm share: 1 - t(step under no_sync) / t(step), the same measure for every "
+          "wrapper;\nexposed: how long backward waited for minidist's buckets at its end",
+    summary=(lambda r: r["world_size"] == 2 and r["variant"] != "torch DDP",
+             "world size 2, {variant}: {vs_torch:.2f}x the steps/s of torch DDP"),
+    parameters=_parameters, plot=plot)
+add_arguments, main = SPEC.add_arguments, SPEC.main

@@ -40,7 +40,8 @@ from torch import nn
 from ..models import mlp
 from ..parallel import elastic
 from ..parallel.data import DistributedDataParallel
-from .timing import add_common_arguments, format_table, pyplot, quick_mode, save_outputs
+from .spec import Bench, option
+from .timing import format_table, pyplot, save_figure, save_outputs
 
 FULL = {"width": 512, "depth": 4, "batch": 48, "steps": 24, "fail_at": 15, "world": 3,
         "commit_every": (1, 2, 4, 8), "rounds": 2}
@@ -53,14 +54,11 @@ COLUMNS = [("impl", "agent", ""), ("k", "k", "d"), ("step_ms", "step ms", ".1f")
            ("restarts", "restarts", "d")]
 
 
-def add_arguments(parser) -> None:
-    add_common_arguments(parser, "a small model, few steps (CI)")
-    parser.add_argument("--commit-every", metavar="LIST", help="commit intervals, e.g. 1,2,4")
-    parser.add_argument("--mtbf", type=float, default=3600.0,
-                        help="seconds between failures for Young's interval (default 3600)")
-    parser.add_argument("--no-torch", action="store_true", help="skip torchrun's agent")
-    parser.add_argument("--torch-timeout", type=float, default=90.0,
-                        help="seconds before a torchrun run counts as hung and is killed")
+OPTIONS = (option("--mtbf", type=float, default=3600.0,
+                  help="seconds between failures for Young's interval (default 3600)"),
+           option("--no-torch", action="store_true", help="skip torchrun's agent"),
+           option("--torch-timeout", type=float, default=90.0,
+                  help="seconds before a torchrun run counts as hung and is killed"))
 
 
 def _data(cfg: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,18 +219,25 @@ def _better(row: dict, old: dict | None) -> bool:
     return row["finished"] and row["overhead_s"] < old["overhead_s"]
 
 
+# The options and presets as a spec; the rounds are the main's own: a row is the round with
+# the least overhead (a failure's cost), a case two runs (fault-free, then with the kill).
+SPEC = Bench(
+    quick_help="a small model, few steps (CI)", full=FULL, quick=QUICK,
+    lists={"commit_every": "1,2,4"}, options=OPTIONS,
+    configure=lambda preset, args: dict(preset, torch_timeout=args.torch_timeout),
+    columns=COLUMNS)
+add_arguments = SPEC.add_arguments
+
+
 def main(args) -> dict:
-    quick = args.quick or quick_mode()
-    preset = dict(QUICK if quick else FULL, torch_timeout=args.torch_timeout)
-    ks = ([int(k) for k in args.commit_every.split(",")] if args.commit_every
-          else list(preset["commit_every"]))
-    impls = ["minidist"] + ([] if args.no_torch else ["torchrun"])
+    preset = SPEC.config(args)
+    ks, impls = list(preset["commit_every"]), ["minidist"] + ([] if args.no_torch else ["torchrun"])
     print(f"MLP {preset['depth']} x {preset['width']}, {preset['steps']} steps of "
           f"{preset['batch']} samples on {preset['world']} ranks; rank 1 killed in step "
           f"{preset['fail_at']}; commit every k steps\n")
     measure("minidist", ks[0], preset)  # warm-up: the first launch imports and compiles
     best: dict = {}
-    for _ in range(args.rounds or preset["rounds"]):
+    for _ in range(preset["rounds"]):
         for k in ks:
             for impl in impls:  # alternate: both see the same machine load
                 row = measure(impl, k, preset)
@@ -285,8 +290,7 @@ def plot(rows: list[dict], path: str) -> None:
         ax.set_xticks(sorted({r["k"] for r in rows}))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":  # a torchrun worker: python -m minidist.bench.elastic CONFIG

@@ -32,8 +32,6 @@ fits is marked.
 
 from __future__ import annotations
 
-import statistics
-import time
 from functools import partial
 
 import torch
@@ -47,15 +45,8 @@ from ..parallel.hybrid import HybridGPT
 from ..parallel.mesh import DeviceMesh
 from ..parallel.zero.flat_shards import storage_bytes
 from ..transports.network import Link, Network
-from .timing import (
-    add_common_arguments,
-    best_of_rounds,
-    format_table,
-    gpt_config,
-    pyplot,
-    quick_mode,
-    save_outputs,
-)
+from .spec import Bench, add_speed, option, speedup
+from .timing import format_table, gpt_config, local_shard, median_time, pyplot, save_figure
 
 EMULATED = "minidist (emulated)"
 VARIANTS = ("minidist", "minidist ZeRO-1", "torch", EMULATED)
@@ -71,28 +62,15 @@ CLUSTER = Cluster(nodes=2, per_node=4, intra=Link.nvlink4(), inter=Link.infiniba
 LARGE_BATCH = 64
 
 
-def add_arguments(parser) -> None:
-    add_common_arguments(parser, "a tiny GPT on 4 ranks (CI)")
-    parser.add_argument("--world", type=int, help="ranks (default 8; 4 in quick mode)")
-    parser.add_argument("--network", action="store_true",
-                        help="also run minidist on an emulated cluster of 2 nodes (NVLink 4 "
-                             "inside, 25 GbE across)")
+OPTIONS = (option("--world", type=int, help="ranks (default 8; 4 in quick mode)"),
+           option("--network", action="store_true",
+                  help="also run minidist on an emulated cluster of 2 nodes (NVLink 4 inside, "
+                       "25 GbE across)"))
 
 
 def _microbatches(layout: tuple[int, int, int], batch: int) -> int:
     dp, pp, _ = layout
     return batch // dp if pp > 1 else 1
-
-
-def _timed(step, steps: int) -> float:
-    """Median seconds of ``steps`` calls of ``step`` after one warm-up call."""
-    step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _minidist_rank(comm, layout, cfg: dict, zero_stage, algorithm: str) -> dict:
@@ -101,15 +79,14 @@ def _minidist_rank(comm, layout, cfg: dict, zero_stage, algorithm: str) -> dict:
                       zero_stage=zero_stage, optimizer_class=torch.optim.AdamW,
                       algorithm=algorithm, lr=1e-3)
     x, y = synthetic_tokens(1, cfg["batch"], cfg["block"], cfg["vocab"], seed=0)[0]
-    step_s = _timed(lambda: model.step(x, y), cfg["steps"])
+    step_s = median_time(lambda: model.step(x, y), cfg["steps"], warmup=1)
     return {"step_s": step_s, "state_bytes": model.memory()["total"],
             "activation_bytes": model.stage.peak_activation_bytes}
 
 
 def _local_bytes(tensors) -> int:
     """Bytes of the storages behind ``tensors``, a DTensor counted by its local shard."""
-    return storage_bytes(t.to_local() if hasattr(t, "to_local") else t for t in tensors
-                         if t is not None)
+    return storage_bytes(local_shard(t) for t in tensors if t is not None)
 
 
 def _torch_rank(comm, layout, cfg: dict) -> dict:
@@ -134,15 +111,14 @@ def _torch_rank(comm, layout, cfg: dict) -> dict:
         else:
             lm_loss(model(x)[0], y).backward()
         if dp > 1:  # one all-reduce of all gradients, as HybridGPT's coalesced one
-            grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-                     for p in model.parameters()]
+            grads = [local_shard(p.grad) for p in model.parameters()]
             flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat, group=mesh["dp"].get_group())
             for g, part in zip(grads, flat.div_(dp).split([g.numel() for g in grads])):
                 g.copy_(part.view_as(g))
         opt.step()
 
-    step_s = _timed(step, cfg["steps"])
+    step_s = median_time(step, cfg["steps"], warmup=1)
     state = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
     params = list(model.parameters())
     return {"step_s": step_s, "activation_bytes": None,
@@ -186,23 +162,23 @@ def _cases(world: int, zero: bool, network: bool) -> list[tuple[str, tuple[int, 
     return cases
 
 
-def run_measured(cfg: dict, rounds: int, network: bool = False) -> list[dict]:
-    """Every (layout, variant) ``rounds`` times, interleaved; each row its best round."""
-    cases = [(dict(layout="x".join(map(str, layout)), dp=layout[0], pp=layout[1], tp=layout[2],
-                   variant=variant, microbatches=_microbatches(layout, cfg["batch"]),
-                   crossing=_crossing(layout, cfg["world"] // 2) if variant == EMULATED
-                   else None),
-              partial(measure, variant, layout, cfg))
-             for variant, layout in _cases(cfg["world"], cfg["zero"], network)]
-    rows = best_of_rounds(cases, rounds)
-    for r in rows:
-        r["ms"], r["steps_per_s"] = r["step_s"] * 1e3, 1 / r["step_s"]
+def _measured(cfg: dict) -> list[tuple[dict, partial]]:
+    return [(dict(layout="x".join(map(str, layout)), dp=layout[0], pp=layout[1], tp=layout[2],
+                  variant=variant, microbatches=_microbatches(layout, cfg["batch"]),
+                  crossing=_crossing(layout, cfg["world"] // 2) if variant == EMULATED
+                  else None),
+             partial(measure, variant, layout, cfg))
+            for variant, layout in _cases(cfg["world"], cfg["zero"], cfg.get("network"))]
+
+
+def derive(rows: list[dict], cfg: dict | None = None) -> list[dict]:
+    """Add ms, steps/s and the speed-up over torch's row of the same layout."""
     theirs = {r["layout"]: r for r in rows if r["variant"] == "torch"}
-    for r in rows:
-        t = theirs.get(r["layout"])
+    for r in map(add_speed, rows):
         ours = r["variant"] in ("minidist", "minidist ZeRO-1")  # not the emulated rows
-        r["vs_torch"] = t["step_s"] / r["step_s"] if t and ours else None
+        r["vs_torch"] = speedup(r, theirs.get(r["layout"])) if ours else None
     return rows
+
 
 
 def _crossing(layout: tuple[int, int, int], per_node: int) -> str:
@@ -240,37 +216,34 @@ PREDICTED = [("layout", "dp x pp x tp", "s"), ("crossing", "crosses nodes", "s")
              ("best", "", "s")]
 
 
-def main(args) -> dict:
-    quick = args.quick or quick_mode()
-    cfg = dict(QUICK if quick else FULL)
-    cfg["world"] = args.world or cfg["world"]
-    n = GPT(gpt_config(cfg)).num_params()
-    print(f"Measured here: GPT {cfg['n_layer']} layers x {cfg['n_embd']} ({n / 1e6:.2f} M "
-          f"parameters), batch {cfg['batch']} x {cfg['block']} tokens, AdamW, float32, "
-          f"{cfg['world']} ranks\n")
-    measured = run_measured(cfg, args.rounds or cfg["rounds"], args.network)
-    print(format_table(measured, MEASURED))
-    print("\nstate/rank: parameters + gradients + optimizer state held by the largest rank; "
-          "activations: the largest\npipeline stage's peak saved for backward. Ranks share "
-          "this machine's cores: times show oversubscription.\n(emulated): this machine's "
-          "compute, every message timed as on 2 nodes joined by 25 GbE (NVLink 4 inside);\n"
-          f"crosses nodes: the dimensions whose groups span both nodes.\n\nPredicted: "
-          f"{LARGE.name} "
-          f"({LARGE.params / 1e9:.1f} B parameters) on {CLUSTER.name}, batch {LARGE_BATCH} "
-          "x 2048 tokens,\nmicro-batches of 1, 1F1B, mixed-precision Adam (16 B/parameter), "
-          f"{CLUSTER.memory / 1e9:.0f} GB per GPU\n")
-    predicted = run_predicted()
-    print(format_table(predicted, PREDICTED))
-    result = {"config": dict(cfg, parameters=n), "rows": measured, "predicted": predicted,
-              "large_model": LARGE.__dict__ | {"params": LARGE.params},
-              "cluster": {"name": CLUSTER.name, "nodes": CLUSTER.nodes,
-                          "per_node": CLUSTER.per_node, "flops": CLUSTER.flops("bf16"),
-                          "memory": CLUSTER.memory}}
-    return save_outputs(args, result, lambda path: plot(measured, predicted, path))
+def _params(cfg: dict) -> int:
+    return GPT(gpt_config(cfg)).num_params()
 
 
-def plot(measured: list[dict], predicted: list[dict], path: str) -> None:
-    plt = pyplot()
+def _notes(rows: list[dict], cfg: dict) -> str:
+    """What the measured table shows, then the predicted table."""
+    return ("state/rank: parameters + gradients + optimizer state held by the largest rank; "
+            "activations: the largest\npipeline stage's peak saved for backward. Ranks share "
+            "this machine's cores: times show oversubscription.\n(emulated): this machine's "
+            "compute, every message timed as on 2 nodes joined by 25 GbE (NVLink 4 inside);\n"
+            f"crosses nodes: the dimensions whose groups span both nodes.\n\nPredicted: "
+            f"{LARGE.name} ({LARGE.params / 1e9:.1f} B parameters) on {CLUSTER.name}, batch "
+            f"{LARGE_BATCH} x 2048 tokens,\nmicro-batches of 1, 1F1B, mixed-precision Adam "
+            f"(16 B/parameter), {CLUSTER.memory / 1e9:.0f} GB per GPU\n\n"
+            + format_table(run_predicted(), PREDICTED))
+
+
+def _result(rows: list[dict], cfg: dict) -> dict:
+    return {"config": dict(cfg, parameters=_params(cfg)), "rows": rows,
+            "predicted": run_predicted(), "large_model": LARGE.__dict__ | {"params": LARGE.params},
+            "cluster": {"name": CLUSTER.name, "nodes": CLUSTER.nodes,
+                        "per_node": CLUSTER.per_node, "flops": CLUSTER.flops("bf16"),
+                        "memory": CLUSTER.memory}}
+
+
+def plot(measured: list[dict], path: str) -> None:
+    """Measured step time and state per layout; the predicted step of each layout, split."""
+    plt, predicted = pyplot(), run_predicted()
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.5))
     names = list(dict.fromkeys(r["layout"] for r in measured))
     by = {(r["layout"], r["variant"]): r for r in measured}
@@ -302,5 +275,15 @@ def plot(measured: list[dict], predicted: list[dict], path: str) -> None:
             title=f"{LARGE.name} on {CLUSTER.nodes} x {CLUSTER.per_node} H100 (cost model)")
     ax3.legend(fontsize="small")
     ax3.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
+
+
+SPEC = Bench(
+    quick_help="a tiny GPT on 4 ranks (CI)", full=FULL, quick=QUICK, options=OPTIONS,
+    configure=lambda preset, args: dict(preset, world=args.world or preset["world"],
+                                        network=args.network),
+    cases=_measured, derive=derive, columns=MEASURED, parameters=_params,
+    header="Measured here: GPT {n_layer} layers x {n_embd} ({millions:.2f} M parameters), batch "
+           "{batch} x {block} tokens, AdamW, float32, {world} ranks\n", notes=_notes,
+    result=_result, plot=plot)
+add_arguments, main = SPEC.add_arguments, SPEC.main

@@ -16,17 +16,18 @@ import socket
 import statistics
 import time
 
-import numpy as np
 import torch
 
 from ..launch import launch
+from ..notebook import quick_mode
 from .timing import (
     add_common_arguments,
+    fit_alpha_beta,
     format_table,
     iterations_for,
     median_time,
     pyplot,
-    quick_mode,
+    save_figure,
     save_outputs,
 )
 
@@ -81,18 +82,6 @@ def measure_p2p(sizes, quick: bool, rounds: int = 3) -> list[dict]:
         row["speedup"] = gloo[n] / local[n]
         rows.append(row)
     return rows
-
-
-def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
-    """Fit t = alpha + n / beta; returns (alpha seconds, beta bytes/s).
-
-    Least squares on *relative* error (each row divided by its measured time): a plain fit
-    would let the 64 MiB point, a thousand times longer than the rest, decide alpha alone.
-    """
-    t = np.asarray(seconds, dtype=float)
-    a = np.vstack([np.ones(len(sizes)), np.asarray(sizes, dtype=float)]).T / t[:, None]
-    (alpha, inv_beta), *_ = np.linalg.lstsq(a, np.ones(len(t)), rcond=None)
-    return float(alpha), float(1 / inv_beta) if inv_beta > 0 else float("inf")
 
 
 # -- launch time -----------------------------------------------------------------------------
@@ -170,5 +159,4 @@ def plot(rows: list[dict], path: str) -> None:
     for ax in (ax1, ax2):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)

@@ -52,14 +52,8 @@ from ..models import mlp
 from ..parallel.data import DistributedDataParallel
 from ..parallel.param_server import ParameterServer, torch_rpc
 from ..transports.network import Link, Network
-from .timing import (
-    add_common_arguments,
-    best_of_rounds,
-    format_table,
-    pyplot,
-    quick_mode,
-    save_outputs,
-)
+from .spec import Bench, add_speed, option, slowest
+from .timing import best_of_rounds, format_table, pyplot, save_figure, save_outputs
 
 FULL = {"width": 512, "depth": 4, "batch": 32, "steps": 15, "workers": (1, 2, 4),
         "rounds": 3, "lsq_steps": 120}
@@ -73,12 +67,9 @@ FLOOR = "lock-step floor"  # W workers, their copies, no server (_floor_rank)
 SLICE = 100_000  # elements: the 512x512 weights are sliced across servers, as MXNet would
 
 
-def add_arguments(parser) -> None:
-    add_common_arguments(parser, "a small model, few steps (CI)")
-    parser.add_argument("--workers", metavar="LIST", help="comma-separated, e.g. 1,2,4")
-    parser.add_argument("--servers", type=int, default=2, help="servers of the sharded PS")
-    parser.add_argument("--straggler", type=float, default=0.01,
-                        help="seconds the slow worker sleeps per step (table 3)")
+OPTIONS = (option("--servers", type=int, default=2, help="servers of the sharded PS"),
+           option("--straggler", type=float, default=0.01,
+                  help="seconds the slow worker sleeps per step (table 3)"))
 
 
 def _batch(rank: int, cfg: dict):
@@ -169,22 +160,26 @@ def measure(system: str, workers: int, cfg: dict, network: Network | None = None
         shared = False if system.endswith(MESSAGES) else None
         out = launch(_ps_rank, workers + s, args=(s, cfg, shared), network=network,
                      timeout=120)
-        ranks = [r for r in out if "server" not in r]
         cfg_in = max(r["bytes_in"] for r in out if "server" in r)
-        slow = max(ranks, key=lambda r: r["step_s"])
-        return dict(slow, server_in_per_step=cfg_in / (cfg["steps"] + WARMUP))
-    return dict(max(ranks, key=lambda r: r["step_s"]))
+        return dict(slowest(r for r in out if "server" not in r),
+                    server_in_per_step=cfg_in / (cfg["steps"] + WARMUP))
+    return slowest(ranks)
+
+
+def _cases(cfg: dict, systems: tuple, network: Network | None) -> list[tuple[dict, partial]]:
+    return [({"workers": w, "system": system}, partial(measure, system, w, cfg, network))
+            for w in cfg["workers"] for system in systems]
+
+
+def _speeds(rows: list[dict]) -> list[dict]:
+    for r in map(add_speed, rows):
+        r["compute_ms"] = r["compute_s"] * 1e3
+    return rows
 
 
 def sweep(cfg: dict, systems: tuple, network: Network | None, rounds: int) -> list[dict]:
     """Every (workers, system) ``rounds`` times, interleaved; each row is its best round."""
-    cases = [({"workers": w, "system": system}, partial(measure, system, w, cfg, network))
-             for w in cfg["workers"] for system in systems]
-    rows = best_of_rounds(cases, rounds)
-    for r in rows:
-        r.update(ms=r["step_s"] * 1e3, steps_per_s=1 / r["step_s"],
-                 compute_ms=r["compute_s"] * 1e3)
-    return rows
+    return _speeds(best_of_rounds(_cases(cfg, systems, network), rounds))
 
 
 def predict(rows: list[dict], cfg: dict, link: Link) -> None:
@@ -289,25 +284,39 @@ COLUMNS = [("workers", "workers", "d"), ("system", "system", "s"), ("ms", "ms/st
            ("steps_per_s", "steps/s", ".1f"), ("compute_ms", "compute ms", ".1f")]
 
 
-def main(args) -> dict:
-    quick = args.quick or quick_mode()
-    preset = dict(QUICK if quick else FULL, servers=args.servers)
-    if args.workers:
-        preset["workers"] = tuple(int(w) for w in args.workers.split(","))
-    params = sum(p.numel() for p in mlp(preset["width"], preset["depth"]).parameters())
-    cfg = dict(preset, model_bytes=4 * params)
-    rounds = args.rounds or preset["rounds"]
-    print(f"MLP {cfg['depth']} x {cfg['width']} ({params / 1e6:.2f} M parameters, "
-          f"{cfg['model_bytes'] / 1e6:.1f} MB), batch {cfg['batch']} per worker, SGD; "
-          f"sharded PS: {cfg['servers']} servers; one torch thread per rank\n")
-    local = sweep(cfg, systems(cfg["servers"], True), None, rounds)
-    ratios(local, "torch RPC PS")
-    print("1. this machine (shared memory; ranks share its cores)")
-    print(format_table(local, COLUMNS + [("vs_ref", "vs torch RPC", ".2f")]))
+def _configure(preset: dict, args) -> dict:
+    return dict(preset, servers=args.servers, model_bytes=4 * _params(preset))
+
+
+def _params(cfg: dict) -> int:
+    return sum(p.numel() for p in mlp(cfg["width"], cfg["depth"]).parameters())
+
+
+def _header(cfg: dict) -> str:
+    return (f"MLP {cfg['depth']} x {cfg['width']} ({_params(cfg) / 1e6:.2f} M parameters, "
+            f"{cfg['model_bytes'] / 1e6:.1f} MB), batch {cfg['batch']} per worker, SGD; "
+            f"sharded PS: {cfg['servers']} servers; one torch thread per rank\n")
+
+
+def _here(rows: list[dict], cfg: dict) -> list[dict]:
+    ratios(_speeds(rows), "torch RPC PS")
+    return rows
+
+
+# Table 1 as a spec: this machine, every system; tables 2 and 3 are the main's own.
+SPEC = Bench(
+    quick_help="a small model, few steps (CI)", full=FULL, quick=QUICK,
+    lists={"workers": "1,2,4"}, options=OPTIONS, configure=_configure,
+    cases=lambda cfg: _cases(cfg, systems(cfg["servers"], True), None), derive=_here,
+    columns=COLUMNS + [("vs_ref", "vs torch RPC", ".2f")], header=_header)
+add_arguments = SPEC.add_arguments
+
+
+def _emulated(cfg: dict, rounds: int) -> list[dict]:
+    """Table 2: the minidist systems on each emulated link, predicted beside measured."""
     emulated = []
     for link in (TEN_GBE, ONE_GBE):
-        rows = sweep(cfg, systems(cfg["servers"], False), Network.uniform(link),
-                     min(rounds, 2))
+        rows = sweep(cfg, systems(cfg["servers"], False), Network.uniform(link), rounds)
         predict(rows, cfg, link)
         ratios(rows, "ring DDP")
         emulated += [dict(r, link=link.name) for r in rows]
@@ -316,6 +325,16 @@ def main(args) -> dict:
             ("predicted_ms", "predicted ms", ".1f"),
             ("server_in_per_step", "server in/step", "bytes"),
             ("predicted_in", "W*N/S", "bytes"), ("vs_ref", "vs ring", ".2f")]))
+    return emulated
+
+
+def main(args) -> dict:
+    cfg = SPEC.config(args)
+    print(SPEC.header(cfg))
+    local = SPEC.run(cfg)
+    print("1. this machine (shared memory; ranks share its cores)")
+    print(format_table(local, SPEC.columns))
+    emulated = _emulated(cfg, min(cfg["rounds"], 2))
     w = max(cfg["workers"][-1], 2)
     slow = straggler(cfg, w, args.straggler)
     print(f"\n3. least squares, {w} workers, worker rank 1 {args.straggler * 1e3:g} ms slower "
@@ -332,7 +351,7 @@ def main(args) -> dict:
                   f"server at all: {by[n, FLOOR]['vs_ref']:.2f}x)")
     result = {"config": cfg, "local": local, "emulated": emulated, "straggler": slow,
               "links": [repr(TEN_GBE), repr(ONE_GBE)]}
-    return save_outputs(args, result, lambda path: plot(result, path))
+    return save_outputs(args, result, partial(plot, result))
 
 
 def plot(result: dict, path: str) -> None:
@@ -354,5 +373,4 @@ def plot(result: dict, path: str) -> None:
         ax.set_xticks(sorted({r["workers"] for r in rows}))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)

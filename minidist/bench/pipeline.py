@@ -52,15 +52,8 @@ from ..parallel.pipeline import (
     split_model,
 )
 from ..transports.network import Link, Network
-from .timing import (
-    add_common_arguments,
-    best_of_rounds,
-    format_table,
-    gpt_config,
-    pyplot,
-    quick_mode,
-    save_outputs,
-)
+from .spec import Bench, add_speed, option, speedup
+from .timing import gpt_config, pyplot, save_figure
 
 VARIANTS = ("minidist naive", "minidist GPipe", "minidist 1F1B", "minidist interleaved",
             "torch GPipe", "torch 1F1B", "torch interleaved")
@@ -76,13 +69,10 @@ QUICK = {"models": ("tiny",), "microbatches": 4, "steps": 3, "stages": (2,), "ro
 EMULATED = Link(alpha=50e-6, bandwidth=1.25e9)  # a 10 Gb/s Ethernet-like link
 
 
-def add_arguments(parser) -> None:
-    add_common_arguments(parser, "a tiny GPT, few steps (CI)")
-    parser.add_argument("--stages", metavar="LIST", help="comma-separated, e.g. 2,4")
-    parser.add_argument("--microbatches", type=int, help="micro-batches per step (m)")
-    parser.add_argument("--models", metavar="LIST", help="comma-separated of tiny,small")
-    parser.add_argument("--network", action="store_true",
-                        help="also run minidist over an emulated 50 us, 1.25 GB/s network")
+OPTIONS = (option("--microbatches", type=int, help="micro-batches per step (m)"),
+           option("--models", metavar="LIST", help="comma-separated of tiny,small"),
+           option("--network", action="store_true",
+                  help="also run minidist over an emulated 50 us, 1.25 GB/s network"))
 
 
 class _Roles:
@@ -186,28 +176,24 @@ def _cases(models, stage_counts, network: bool) -> list[tuple[str, int, str, boo
     return cases
 
 
-def run_all(cfg: dict, models, stage_counts, rounds: int, network: bool = False) -> list[dict]:
-    """Every case ``rounds`` times, interleaved so that all see the same machine; each row
-    is its best round (other processes only ever slow a run down)."""
-    cases = [(dict(model=model, stages=p, emulated=emulated,
-                   variant=variant + (" (emulated)" if emulated else "")),
-              partial(measure, variant, p, dict(cfg, **MODELS[model]),
-                      Network.uniform(EMULATED) if emulated else None))
-             for model, p, variant, emulated in _cases(models, stage_counts, network)]
-    return derive(best_of_rounds(cases, rounds))
+def _measured(cfg: dict) -> list[tuple[dict, partial]]:
+    return [(dict(model=model, stages=p, emulated=emulated,
+                  variant=variant + (" (emulated)" if emulated else "")),
+             partial(measure, variant, p, dict(cfg, **MODELS[model]),
+                     Network.uniform(EMULATED) if emulated else None))
+            for model, p, variant, emulated in _cases(cfg["models"], cfg["stages"],
+                                                      cfg["network"])]
 
 
-def derive(rows: list[dict]) -> list[dict]:
+def derive(rows: list[dict], cfg: dict | None = None) -> list[dict]:
     """Add ms, steps/s, the peak activations in MiB and the speed-up over torch."""
     by = {(r["model"], r["stages"], r["variant"]): r for r in rows}
-    for r in rows:
-        r["ms"], r["steps_per_s"] = r["step_s"] * 1e3, 1 / r["step_s"]
+    for r in map(add_speed, rows):
         r["peak_mib"] = " / ".join(f"{b / 2**20:.2f}" for b in r["peak_bytes"])
         name = r["variant"].split(" ")[1]
         theirs = by.get((r["model"], r["stages"], f"torch {name}"))
-        r["vs_torch"] = (theirs["step_s"] / r["step_s"]
-                         if theirs and not r["emulated"] and r["variant"] != theirs["variant"]
-                         else None)
+        mine = theirs and not r["emulated"] and r["variant"] != theirs["variant"]
+        r["vs_torch"] = speedup(r, theirs) if mine else None
     return rows
 
 
@@ -218,37 +204,37 @@ COLUMNS = [("model", "GPT", "s"), ("stages", "stages", "d"), ("variant", "schedu
            ("peak_mib", "peak activations per stage, MiB", "s"), ("vs_torch", "vs torch", ".2f")]
 
 
-def main(args) -> dict:
-    quick = args.quick or quick_mode()
-    preset = QUICK if quick else FULL
-    stage_counts = ([int(s) for s in args.stages.split(",")] if args.stages
-                    else list(preset["stages"]))
+def _configure(preset: dict, args) -> dict:
     models = args.models.split(",") if args.models else list(preset["models"])
     unknown = [k for k in models if k not in MODELS]
     if unknown:
         raise SystemExit(f"--models: unknown {unknown}; choose from {sorted(MODELS)}")
-    cfg = {"microbatches": args.microbatches or preset["microbatches"],
-           "steps": preset["steps"]}
-    sizes = {}
-    for k in models:
-        c = dict(cfg, **MODELS[k])
-        sizes[k] = GPT(gpt_config(c)).num_params()
-        print(f"GPT {k}: {c['n_layer']} layers x {c['n_embd']} ({sizes[k] / 1e6:.2f} M "
-              f"parameters), batch {c['batch']} x {c['block']} tokens")
-    print(f"m={cfg['microbatches']} micro-batches per step, stages of equal layer counts\n")
-    rows = run_all(cfg, models, stage_counts, args.rounds or preset["rounds"], args.network)
-    print(format_table(rows, COLUMNS))
-    print("\nbubble (measured): 1 - busy / (p x span) of one traced step's forward and backward "
-          "spans;\n(emulated): minidist over an emulated network, 50 us + bytes / 1.25 GB/s "
-          "per message")
-    for r in rows:
-        if r["variant"] == "minidist 1F1B" and r["vs_torch"] is not None:
-            print(f"GPT {r['model']}, {r['stages']} stages: minidist 1F1B runs "
-                  f"{r['vs_torch']:.2f}x the steps/s of torch's Schedule1F1B")
-    result = {"config": dict(cfg, models={k: dict(MODELS[k], parameters=sizes[k])
-                                          for k in models}),
-              "rows": [{k: v for k, v in r.items() if k != "events"} for r in rows]}
-    return save_outputs(args, result, lambda path: plot(rows, path))
+    return dict(preset, models=models, microbatches=args.microbatches or preset["microbatches"],
+                network=args.network)
+
+
+def _params(cfg: dict, k: str) -> int:
+    return GPT(gpt_config(dict(cfg, **MODELS[k]))).num_params()
+
+
+def _header(cfg: dict) -> str:
+    lines = [f"GPT {k}: {MODELS[k]['n_layer']} layers x {MODELS[k]['n_embd']} "
+             f"({_params(cfg, k) / 1e6:.2f} M parameters), batch {MODELS[k]['batch']} x "
+             f"{MODELS[k]['block']} tokens" for k in cfg["models"]]
+    return "\n".join(lines + [f"m={cfg['microbatches']} micro-batches per step, stages of "
+                                "equal layer counts\n"])
+
+
+NOTES = ("bubble (measured): 1 - busy / (p x span) of one traced step's forward and backward "
+         "spans;\n(emulated): minidist over an emulated network, 50 us + bytes / 1.25 GB/s "
+         "per message")
+
+
+def _result(rows: list[dict], cfg: dict) -> dict:
+    """The rows without their traced events (the plot's Gantt chart reads those)."""
+    models = {k: dict(MODELS[k], parameters=_params(cfg, k)) for k in cfg["models"]}
+    return {"config": dict(cfg, models=models),
+            "rows": [{k: v for k, v in r.items() if k != "events"} for r in rows]}
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -282,8 +268,7 @@ def plot(rows: list[dict], path: str) -> None:
                 key=lambda r: (r["model"] != "tiny", r["stages"]))
     _gantt(ax3, shown["events"],
            f"minidist 1F1B, GPT {shown['model']}, {shown['stages']} stages: one step")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def _gantt(ax, events: list[dict], title: str) -> None:
@@ -300,3 +285,13 @@ def _gantt(ax, events: list[dict], title: str) -> None:
     ax.invert_yaxis()
     ax.set(xlabel="time (ms)", title=title)
     ax.legend(fontsize="small", loc="lower right")
+
+
+SPEC = Bench(
+    quick_help="a tiny GPT, few steps (CI)", full=FULL, quick=QUICK,
+    lists={"stages": "2,4"}, options=OPTIONS, configure=_configure, cases=_measured,
+    derive=derive, columns=COLUMNS, header=_header, notes=NOTES, result=_result, plot=plot,
+    summary=(lambda r: r["variant"] == "minidist 1F1B" and r["vs_torch"] is not None,
+             "GPT {model}, {stages} stages: minidist 1F1B runs {vs_torch:.2f}x the steps/s of "
+             "torch's Schedule1F1B"))
+add_arguments, main = SPEC.add_arguments, SPEC.main

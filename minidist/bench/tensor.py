@@ -42,14 +42,8 @@ from ..models import GPT, GPTConfig, synthetic_tokens
 from ..parallel.tensor import parallelize_gpt
 from ..parallel.tensor.torch_reference import torch_loss, torch_parallelize
 from ..transports.network import Link, Network
-from .timing import (
-    add_common_arguments,
-    best_of_rounds,
-    format_table,
-    pyplot,
-    quick_mode,
-    save_outputs,
-)
+from .spec import Bench, add_speed, option, slowest, speedup
+from .timing import local_shard, pyplot
 
 LAYOUTS = {"minidist": "megatron", "minidist naive MLP": "naive_mlp",
            "minidist sequence parallel": "sequence_parallel"}
@@ -63,11 +57,8 @@ QUICK = {"n_layer": 2, "n_head": 4, "n_embd": 32, "vocab_size": 64, "block_size"
          "batch": 2, "steps": 3, "world_sizes": (1, 2), "rounds": 1}
 
 
-def add_arguments(parser) -> None:
-    add_common_arguments(parser, "a tiny GPT, few steps (CI)")
-    parser.add_argument("--world-sizes", metavar="LIST", help="comma-separated, e.g. 1,2,4")
-    parser.add_argument("--algorithm", default="auto", help="minidist's all-reduce algorithm")
-    parser.add_argument("--no-emulated", action="store_true", help="skip the emulated network")
+OPTIONS = (option("--algorithm", default="auto", help="minidist's all-reduce algorithm"),
+           option("--no-emulated", action="store_true", help="skip the emulated network"))
 
 
 def _build(comm, variant: str, gpt: GPT, algorithm: str):
@@ -82,24 +73,20 @@ def _build(comm, variant: str, gpt: GPT, algorithm: str):
     return tp, lambda x, y: tp(x, y)[1].backward()
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's shard on this rank
-
-
 def _local_bytes(model) -> int:
     """Parameter bytes held on this rank (a DTensor counts its local shard)."""
-    return sum(_local(p).numel() * _local(p).element_size() for p in model.parameters())
+    return sum(local_shard(p).numel() * local_shard(p).element_size() for p in model.parameters())
 
 
 def _saved_bytes(model, step, x, y) -> int:
     """Bytes autograd keeps for backward in one step on this rank: the activations, each
     storage once, the parameters left out."""
-    seen = {_local(p).untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {local_shard(p).untyped_storage().data_ptr() for p in model.parameters()}
     total = 0
 
     def pack(t):
         nonlocal total
-        storage = _local(t).untyped_storage()
+        storage = local_shard(t).untyped_storage()
         if storage.data_ptr() not in seen:
             seen.add(storage.data_ptr())
             total += storage.nbytes()
@@ -180,39 +167,37 @@ def measure(variant: str, p: int, cfg: dict, algorithm: str, link: str | None = 
     algorithm = "ring" if link else algorithm
     ranks = launch(_run_rank, p, args=(variant, cfg, algorithm), backend=backend,
                    network=network, timeout=300)
-    slowest = max(ranks, key=lambda r: r["step_s"])  # a step is as slow as its slowest rank
     predicted = None
     if link:
         gpt_cfg = GPTConfig(**{k: cfg[k] for k in MODEL_KEYS})
         predicted = costs.step_comm_time(gpt_cfg, cfg["batch"], cfg["block_size"], 4, p,
                                          LINKS[link]().alpha, LINKS[link]().bandwidth)
-    return dict(slowest, bytes=ranks[0]["bytes"], formula_bytes=ranks[0]["formula_bytes"],
+    return dict(slowest(ranks), bytes=ranks[0]["bytes"], formula_bytes=ranks[0]["formula_bytes"],
                 predicted_comm_s=predicted)
 
 
-def run_all(cfg: dict, world_sizes, rounds: int, algorithm: str, emulated: bool) -> list[dict]:
-    """Every (world size, variant) ``rounds`` times, interleaved; each row its best round."""
+def _cases(cfg: dict) -> list[tuple[dict, partial]]:
+    """Every (world size, variant); with ``emulated``, minidist on each link (p > 1)."""
+    world_sizes = cfg["world_sizes"]
     plan = [(p, v, None) for p in world_sizes for v in VARIANTS]
-    if emulated:
+    if cfg["emulated"]:
         plan += [(p, f"minidist, {k} (emulated)", k) for p in world_sizes if p > 1
                  for k in LINKS]
-    cases = [({"world_size": p, "variant": name},
-              partial(measure, "minidist" if link else name, p, cfg, algorithm, link))
-             for p, name, link in plan]
-    return derive(best_of_rounds(cases, rounds))
+    return [({"world_size": p, "variant": name},
+             partial(measure, "minidist" if link else name, p, cfg, cfg["algorithm"], link))
+            for p, name, link in plan]
 
 
-def derive(rows: list[dict]) -> list[dict]:
+def derive(rows: list[dict], cfg: dict | None = None) -> list[dict]:
     by = {(r["world_size"], r["variant"]): r for r in rows}
-    for r in rows:
-        r["ms"], r["steps_per_s"] = r["step_s"] * 1e3, 1 / r["step_s"]
+    for r in map(add_speed, rows):
         r["comm_share"] = min(1.0, r["comm_s"] / r["step_s"])
         r["comm_ms"] = r["comm_s"] * 1e3
         r["predicted_ms"] = None if r["predicted_comm_s"] is None else r["predicted_comm_s"] * 1e3
         r["memory_vs_full"] = r["param_bytes"] / r["full_bytes"]
         theirs = by.get((r["world_size"], "torch DTensor"))
         emulated = "emulated" in r["variant"]
-        r["vs_torch"] = theirs["step_s"] / r["step_s"] if theirs and not emulated else None
+        r["vs_torch"] = None if emulated else speedup(r, theirs)
     return rows
 
 
@@ -225,35 +210,17 @@ COLUMNS = [("world_size", "ranks", "d"), ("variant", "variant", "s"), ("ms", "ms
            ("vs_torch", "vs torch", ".2f")]
 
 
-def main(args) -> dict:
-    quick = args.quick or quick_mode()
-    cfg = dict(QUICK if quick else FULL)
-    world_sizes = ([int(w) for w in args.world_sizes.split(",")] if args.world_sizes
-                   else list(cfg.pop("world_sizes")))
-    cfg.pop("world_sizes", None)
-    rounds = args.rounds or cfg.pop("rounds")
-    cfg.pop("rounds", None)
-    full = GPT(GPTConfig(**{k: cfg[k] for k in MODEL_KEYS}))
-    print(f"GPT {cfg['n_layer']} layers x {cfg['n_embd']} wide, {cfg['n_head']} heads, "
-          f"vocabulary {cfg['vocab_size']} ({full.num_params() / 1e6:.2f} M parameters), batch "
-          f"{cfg['batch']} x {cfg['block_size']} tokens on every rank, float32, SGD; minidist "
-          f"all-reduce algorithm {args.algorithm!r}\n")
-    rows = run_all(cfg, world_sizes, rounds, args.algorithm, not args.no_emulated)
-    print(format_table(rows, COLUMNS))
-    print("\ncomm share: the step's collectives replayed alone on the same backend / step time;"
-          "\nsent/step: comm.stats on rank 0 (gloo's bytes are invisible to minidist); formula:"
-          "\ncostmodel.tp for the paths the all-reduces took (ring for torch);"
-          "\n(emulated) rows: this machine's compute, messages timed as the named link would,"
-          "\nring all-reduces; predicted: costmodel.tp.step_comm_time for that link (alpha-beta);"
-          "\nactivations/rank: bytes autograd saves for backward in one step (parameters not "
-          "counted)")
-    for r in rows:
-        if r["world_size"] == 2 and r["vs_torch"] is not None and r["variant"] != "torch DTensor":
-            print(f"world size 2, {r['variant']}: {r['vs_torch']:.2f}x the steps/s of torch "
-                  "DTensor (goal: 1.5x)")
-    result = {"config": dict(cfg, parameters=full.num_params(), algorithm=args.algorithm),
-              "rows": rows}
-    return save_outputs(args, result, lambda path: plot(rows, path))
+def _params(cfg: dict) -> int:
+    return GPT(GPTConfig(**{k: cfg[k] for k in MODEL_KEYS})).num_params()
+
+
+NOTES = ("comm share: the step's collectives replayed alone on the same backend / step time;"
+         "\nsent/step: comm.stats on rank 0 (gloo's bytes are invisible to minidist); formula:"
+         "\ncostmodel.tp for the paths the all-reduces took (ring for torch);"
+         "\n(emulated) rows: this machine's compute, messages timed as the named link would,"
+         "\nring all-reduces; predicted: costmodel.tp.step_comm_time for that link (alpha-beta);"
+         "\nactivations/rank: bytes autograd saves for backward in one step (parameters not "
+         "counted)")
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -278,3 +245,19 @@ def plot(rows: list[dict], path: str) -> None:
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize="small")
     fig.tight_layout(rect=(0, 0.12, 1, 1))
     fig.savefig(path, dpi=120)
+
+
+SPEC = Bench(
+    quick_help="a tiny GPT, few steps (CI)", full=FULL, quick=QUICK,
+    lists={"world_sizes": "1,2,4"}, options=OPTIONS,
+    configure=lambda preset, args: dict(preset, algorithm=args.algorithm,
+                                        emulated=not args.no_emulated),
+    cases=_cases, derive=derive, columns=COLUMNS,
+    header="GPT {n_layer} layers x {n_embd} wide, {n_head} heads, vocabulary {vocab_size} "
+           "({millions:.2f} M parameters), batch {batch} x {block_size} tokens on every rank, "
+           "float32, SGD; minidist all-reduce algorithm {algorithm!r}\n", notes=NOTES,
+    summary=(lambda r: r["world_size"] == 2 and r["vs_torch"] is not None
+             and r["variant"] != "torch DTensor",
+             "world size 2, {variant}: {vs_torch:.2f}x the steps/s of torch DTensor (goal: 1.5x)"),
+    parameters=_params, plot=plot)
+add_arguments, main = SPEC.add_arguments, SPEC.main

@@ -1,5 +1,6 @@
-"""Shared pieces of the benchmarks: quick mode, common options, timing loops, tables, the
-GPT presets' config, JSON and plots.
+"""Shared pieces of the benchmarks: common options, timing loops, tables, the GPT presets'
+config, JSON and plots. (``quick_mode`` lives in ``minidist.notebook``; it is re-exported here
+only while lessons and exercises still import it from ``minidist.bench.timing``.)
 
 Benchmarks measure; they never assert. Each one runs minidist and the real system side by
 side in one run, on the same machine at the same time, and reports ratios.
@@ -15,15 +16,13 @@ import time
 from collections.abc import Callable
 from types import ModuleType
 
+import numpy as np
 import torch
 
 from ..models import GPTConfig
 
-
-def quick_mode() -> bool:
-    """CI (``CI=true``) and ``MINIDIST_QUICK=1`` shrink sweeps to a few seconds."""
-    return os.environ.get("MINIDIST_QUICK", "") not in ("", "0") or \
-        os.environ.get("CI", "").lower() in ("1", "true")
+# The old path of quick_mode, kept until no lesson, exercise or bench imports it from here:
+from ..notebook import quick_mode  # noqa: F401
 
 
 def add_common_arguments(parser, quick_help: str, *, json_help: str = "write the results as JSON",
@@ -57,6 +56,24 @@ def iterations_for(nbytes: int, quick: bool) -> int:
     return int(max(lo, min(hi, budget // max(nbytes, 1))))
 
 
+def fit_relative(terms, seconds) -> tuple[float, float]:
+    """Fit t = a * alpha + b / beta to measured ``seconds``, one (a, b) pair of ``terms``
+    per point (messages and bytes); returns (alpha seconds, beta bytes/s).
+
+    Least squares on *relative* error (each row divided by its measured time): a plain fit
+    would let the 64 MiB point, a thousand times longer than the rest, decide alpha alone.
+    """
+    t = np.asarray(seconds, dtype=float)
+    a = np.asarray(terms, dtype=float) / t[:, None]
+    (alpha, inv_beta), *_ = np.linalg.lstsq(a, np.ones(len(t)), rcond=None)
+    return float(alpha), float(1 / inv_beta) if inv_beta > 0 else float("inf")
+
+
+def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
+    """The Hockney model t(n) = alpha + n / beta fitted to one message per size."""
+    return fit_relative([(1, n) for n in sizes], seconds)
+
+
 def median_time(fn, iters: int, warmup: int = 2) -> float:
     for _ in range(warmup):
         fn()
@@ -66,6 +83,12 @@ def median_time(fn, iters: int, warmup: int = 2) -> float:
         fn()
         samples.append(time.perf_counter() - t)
     return statistics.median(samples)
+
+
+def local_shard(t):
+    """A DTensor's local shard on this rank, or the tensor itself (torch's tensor parallelism
+    and FSDP2 hold DTensors: what a rank stores is its shard)."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def human_bytes(n: int) -> str:
@@ -125,6 +148,12 @@ def pyplot() -> ModuleType:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig, path: str) -> None:
+    """Every bench's figure is written the same way: laid out, 120 dpi."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def best_of_rounds(cases: list[tuple[dict, Callable[[], dict]]], rounds: int) -> list[dict]:

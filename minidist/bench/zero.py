@@ -45,14 +45,8 @@ from ..models import GPT, GPTConfig, synthetic_tokens
 from ..parallel.zero import ZeRO
 from ..parallel.zero.flat_shards import storage_bytes
 from ..transports.network import Link, Network
-from .timing import (
-    add_common_arguments,
-    best_of_rounds,
-    format_table,
-    pyplot,
-    quick_mode,
-    save_outputs,
-)
+from .spec import Bench, add_speed, option, speedup
+from .timing import local_shard, pyplot, save_figure
 
 TORCH = {0: "torch DDP", 1: "torch ZeroRedundancyOptimizer",
          2: "torch fully_shard (no reshard)", 3: "torch fully_shard"}
@@ -66,11 +60,8 @@ QUICK = {"n_layer": 2, "n_head": 2, "n_embd": 32, "vocab_size": 64, "block_size"
 WARMUP = 2
 
 
-def add_arguments(parser) -> None:
-    add_common_arguments(parser, "a small model, few steps (CI)")
-    parser.add_argument("--world-sizes", metavar="LIST", help="comma-separated, e.g. 2,4")
-    parser.add_argument("--emulated", action="store_true",
-                        help="also run minidist stages 1-3 on an emulated 25 GbE network")
+OPTIONS = (option("--emulated", action="store_true",
+                  help="also run minidist stages 1-3 on an emulated 25 GbE network"),)
 
 
 def variants(emulated: bool) -> list[tuple[int, str]]:
@@ -103,15 +94,10 @@ def _wrap_torch(stage: int, model: GPT, lr: float):
     return model, opt, opt.state
 
 
-def _local(t):
-    """A DTensor's local shard, or the tensor itself."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def _torch_memory(model: nn.Module, state) -> dict:
-    params = [_local(p) for p in model.parameters()]
-    grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
-    st = [_local(v) for s in state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    params = [local_shard(p) for p in model.parameters()]
+    grads = [local_shard(p.grad) for p in model.parameters() if p.grad is not None]
+    st = [local_shard(v) for s in state.values() for v in s.values() if isinstance(v, torch.Tensor)]
     out = {"params": storage_bytes(params), "grads": storage_bytes(grads),
            "optimizer": storage_bytes(st)}
     return dict(out, total=sum(out.values()))
@@ -155,12 +141,15 @@ def measure(stage: int, variant: str, p: int, cfg: dict) -> dict:
     return dict(slowest, memory=ranks[0]["memory"], bytes=ranks[0]["bytes"])
 
 
+def _cases(cfg: dict) -> list[tuple[dict, partial]]:
+    return [({"world_size": p, "stage": stage, "variant": variant},
+             partial(measure, stage, variant, p, cfg))
+            for p in cfg["world_sizes"] for stage, variant in variants(cfg.get("emulated"))]
+
+
 def run_all(cfg: dict, world_sizes, rounds: int, emulated: bool) -> list[dict]:
     """Every (world size, variant) ``rounds`` times, interleaved; each row its best round."""
-    cases = [({"world_size": p, "stage": stage, "variant": variant},
-              partial(measure, stage, variant, p, cfg))
-             for p in world_sizes for stage, variant in variants(emulated)]
-    return derive(best_of_rounds(cases, rounds), cfg)
+    return SPEC.run(dict(cfg, world_sizes=world_sizes, rounds=rounds, emulated=emulated))
 
 
 def derive(rows: list[dict], cfg: dict) -> list[dict]:
@@ -168,16 +157,14 @@ def derive(rows: list[dict], cfg: dict) -> list[dict]:
     by = {(r["world_size"], r["variant"]): r for r in rows}
     psi = _model(cfg).num_params()
     link = Link.ethernet_25g()
-    for r in rows:
-        r["ms"] = r["step_s"] * 1e3
-        r["steps_per_s"] = 1 / r["step_s"]
+    for r in map(add_speed, rows):
         r["mem_kib"] = r["memory"]["total"] / 1024
         r["peak_param_kib"] = None if r["params_peak"] is None else r["params_peak"] / 1024
         pred = zero_rank_bytes([psi], r["world_size"], r["stage"], 4, 4, 8)
         r["predicted_kib"] = pred["total"] / 1024
         emulated = r["variant"].endswith(EMULATED)  # not comparable with a real gloo run
         theirs = None if emulated else by.get((r["world_size"], TORCH[r["stage"]]))
-        r["vs_torch"] = theirs["step_s"] / r["step_s"] if theirs else None
+        r["vs_torch"] = speedup(r, theirs)
         r["mem_vs_torch"] = r["memory"]["total"] / theirs["memory"]["total"] if theirs else None
         r["kib_sent"] = None if r["bytes"] is None else r["bytes"] / 1024
         r["formula_kib"] = r["formula_bytes"] / 1024
@@ -196,28 +183,17 @@ COLUMNS = [("world_size", "ranks", "d"), ("stage", "stage", "d"), ("variant", "v
            ("predicted_comm_ms", "alpha-beta comm ms", ".1f")]
 
 
-def main(args) -> dict:
-    quick = args.quick or quick_mode()
-    preset = QUICK if quick else FULL
-    world_sizes = ([int(w) for w in args.world_sizes.split(",")] if args.world_sizes
-                   else list(preset["world_sizes"]))
-    cfg = {k: preset[k] for k in (*MODEL_KEYS, "batch", "steps")}
-    psi = _model(cfg).num_params()
-    print(f"GPT {cfg['n_layer']} layers x {cfg['n_embd']} ({psi / 1e6:.2f} M parameters, tied "
-          f"head), float32, AdamW, batch {cfg['batch']} x {cfg['block_size']} tokens per rank, "
-          "one torch thread per rank\n")
-    rows = run_all(cfg, world_sizes, args.rounds or preset["rounds"], args.emulated)
-    print(format_table(rows, COLUMNS))
-    print("\nstate KiB/rank: parameters + gradients + optimizer state held between steps, "
-          "measured;\npeak param KiB: the most parameter bytes held at once during the step "
-          "(minidist's count; torch keeps none on CPU);\nZeRO formula: zero_rank_bytes with "
-          "4-byte parameters and gradients, K = 8 (AdamW's two moments)")
-    for r in rows:
-        if r["variant"].startswith("minidist") and r["vs_torch"] is not None:
-            print(f"{r['world_size']} ranks, {r['variant']}: {r['vs_torch']:.2f}x the "
-                  f"steps/s of {TORCH[r['stage']]}, {r['mem_vs_torch']:.2f}x its memory")
-    result = {"config": dict(cfg, parameters=psi), "rows": rows}
-    return save_outputs(args, result, lambda path: plot(rows, path))
+NOTES = ("state KiB/rank: parameters + gradients + optimizer state held between steps, "
+         "measured;\npeak param KiB: the most parameter bytes held at once during the step "
+         "(minidist's count; torch keeps none on CPU);\nZeRO formula: zero_rank_bytes with "
+         "4-byte parameters and gradients, K = 8 (AdamW's two moments)")
+
+
+def _summary(r: dict) -> str | None:
+    if r["variant"].startswith("minidist") and r["vs_torch"] is not None:
+        return (f"{r['world_size']} ranks, {r['variant']}: {r['vs_torch']:.2f}x the "
+                f"steps/s of {TORCH[r['stage']]}, {r['mem_vs_torch']:.2f}x its memory")
+    return None
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -239,5 +215,16 @@ def plot(rows: list[dict], path: str) -> None:
         ax.set(xlabel="ZeRO stage (torch: its counterpart)", ylabel=ylabel, title=title)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
+
+
+SPEC = Bench(
+    quick_help="a small model, few steps (CI)", full=FULL, quick=QUICK,
+    lists={"world_sizes": "2,4"}, options=OPTIONS,
+    configure=lambda preset, args: dict(preset, emulated=args.emulated),
+    cases=_cases, derive=derive, columns=COLUMNS,
+    header="GPT {n_layer} layers x {n_embd} ({millions:.2f} M parameters, tied head), float32, "
+           "AdamW, batch {batch} x {block_size} tokens per rank, one torch thread per rank\n",
+    notes=NOTES,
+    summary=_summary, parameters=lambda cfg: _model(cfg).num_params(), plot=plot)
+add_arguments, main = SPEC.add_arguments, SPEC.main
