@@ -1,12 +1,13 @@
 """The check that all ranks agree, before a collective moves any data.
 
- before moving any data, the ranks exchange a short description of the
+Before moving any data, the ranks exchange a short description of the
 call (collective, dtype, shape, op, algorithm, root). If they differ, every rank raises the
 same ``CollectiveMismatchError`` listing what each rank passed, instead of one rank failing
 on a wrongly sized message while the others wait forever, or worse, all of them reducing
-misaligned data without noticing. The check travels as control traffic (like ``barrier``,
-on the communicator's control context), so ``comm.stats`` counts only the algorithm's
-payload and the byte formulas in the docstrings hold exactly. Cost: ceil(lg p) alpha.
+misaligned data without noticing. The check travels on a channel of its own (``Ch.CHECK``,
+``comm/contexts.py``), so ``comm.stats`` counts only the algorithm's payload and the byte
+formulas in the docstrings hold exactly. Cost: ceil(lg p) alpha on a real network; none
+on virtual time, which models what NCCL or gloo would take, and they make no such check.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import hashlib
 import numpy as np
 
 from ..comm import tensors
+from ..comm.contexts import Ch
 from ..errors import CollectiveMismatchError
 from . import shared_memory
 
-_CHECK_TAG = -1000  # on the control context, apart from barrier's and split's tags
+_CHECK_TAG = -1000
 
 
 def describe(name: str, t, shape=None, **params) -> str:
@@ -56,8 +58,8 @@ def disagreement(comm, text: str, op: str = "agreement check") -> list[str] | No
     all-reduce (Hensgen, Finkel and Manber 1988) of (h, -h), h a hash of ``text``, under
     max: ceil(lg p) rounds of one 16-byte message; max works even though the rounds overlap.
     Every rank then holds max(h) and -min(h), equal only if all hashes are. Only on a
-    mismatch do the ranks exchange the full texts. All of it on the control channel, so
-    ``comm.stats`` counts only payload. Cost: ceil(lg p) alpha.
+    mismatch do the ranks exchange the full texts. All of it on the CHECK channel, so
+    ``comm.stats`` counts only payload. Cost: ceil(lg p) alpha (none on virtual time).
     """
     if comm.world_size == 1:
         return None
@@ -70,7 +72,7 @@ def disagreement(comm, text: str, op: str = "agreement check") -> list[str] | No
 
 
 def _same_hash(comm, h: int, op: str) -> bool:
-    p, control = comm.world_size, comm.control
+    p, control = comm.world_size, comm.channel(Ch.CHECK)
     mine, got, k = np.array([h, -h], dtype=np.int64), np.empty(2, dtype=np.int64), 1
     while k < p:
         req = control.irecv(got, (comm.rank - k) % p, _CHECK_TAG)
@@ -84,9 +86,10 @@ def _same_hash(comm, h: int, op: str) -> bool:
 def _all_texts(comm, text: str, op: str) -> list[str]:
     """Every rank's text: lengths first, then the texts padded to the longest."""
     raw = text.encode()
-    lengths = [row[0] for row in comm.control.all_gather_ints([len(raw)], op=op)]
+    check = comm.channel(Ch.CHECK)
+    lengths = [row[0] for row in check.all_gather_ints([len(raw)], op=op)]
     words = (max(lengths) + 7) // 8
-    rows = comm.control.all_gather_ints(
+    rows = check.all_gather_ints(
         np.frombuffer(raw.ljust(words * 8, b"\0"), dtype="<i8").tolist(), op=op)
     return [np.asarray(row, dtype="<i8").tobytes()[:n].decode(errors="replace")
             for row, n in zip(rows, lengths)]

@@ -25,7 +25,7 @@ import torch
 
 from ..trace import Timeline
 from ..transports.clock import WALL, bracketed
-from .contexts import ANY_SOURCE, WORLD_CTX, Ch, child_ctx
+from .contexts import ANY_SOURCE, PAYLOAD, WORLD_CTX, Ch, child_ctx
 from .p2p import PointToPoint
 from .receive_log import ReceiveLog
 from .request import Channel, Request
@@ -83,19 +83,25 @@ class Communicator:
         another thread at the same time would mix the two communicators' collectives."""
         return self._p2p.ctx == WORLD_CTX
 
+    def channel(self, which: Ch) -> Channel:
+        """This communicator's channel ``which`` (``md.comm.contexts.Ch``: USER, CONTROL,
+        COLLECTIVE, STRATEGY, CHECK): point-to-point calls on its own context, counted in
+        ``stats`` when it carries payload (``contexts.py``'s table)."""
+        return Channel(self, self._p2p.ctx + Ch(which), count=Ch(which) in PAYLOAD)
+
     @property
     def control(self) -> Channel:
         """The library's uncounted channel: point-to-point on this communicator's control
         context, apart from user and collective traffic and not in ``stats``. Barrier,
         split and the collectives' agreement check talk here."""
-        return Channel(self, self._p2p.ctx + Ch.CONTROL, count=False)
+        return self.channel(Ch.CONTROL)
 
     @property
     def collective(self) -> Channel:
         """The collectives' channel: point-to-point on a context of its own, counted in
         ``stats`` and on the timeline like user messages, but apart from them, so a user's
         message can never be taken by a collective (or the reverse), whatever its tag."""
-        return Channel(self, self._p2p.ctx + Ch.COLLECTIVE, count=True)
+        return self.channel(Ch.COLLECTIVE)
 
     @property
     def strategy(self) -> Channel:
@@ -103,7 +109,7 @@ class Communicator:
         pushes and pulls, the pipeline's activations and gradients), counted in ``stats``
         like user messages but on a context of its own, so neither a user's message nor a
         collective's can be taken for one (``contexts.py``)."""
-        return Channel(self, self._p2p.ctx + Ch.STRATEGY, count=True)
+        return self.channel(Ch.STRATEGY)
 
     def capability(self, name: str):
         """An optional capability of the transport (``transports/protocol.py``), or None:
@@ -155,7 +161,7 @@ class Communicator:
     def sendrecv(self, send_tensor, dst: int, recv_tensor, src: int = ANY_SOURCE,
                  send_tag: int = 0, recv_tag: int | None = None) -> int:
         """Send to ``dst`` and receive from ``src`` at once, without deadlock (a ring step)."""
-        user = Channel(self, self._p2p.ctx + Ch.USER, count=True)
+        user = self.channel(Ch.USER)
         return user.sendrecv(send_tensor, dst, recv_tensor, src, send_tag, recv_tag)
 
     @bracketed

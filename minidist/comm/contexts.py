@@ -13,6 +13,9 @@ ACK        acknowledgements of sends above the eager limit        no        (int
 STRATEGY   the strategies' point-to-point payload (the parameter  yes       ``strategy``
            server's pushes and pulls, the pipeline's activations
            and gradients)
+CHECK      the agreement checks (collectives, DDP, the sampler:   no        ``channel(Ch.
+           did every rank pass the same arguments?); free on                CHECK)``
+           virtual time: NCCL and gloo make no such check
 ========== ===================================================== ========= ===============
 
 So no message of one channel can match a receive of another, whatever its tag; a
@@ -39,6 +42,7 @@ class Ch(enum.IntEnum):
     COLLECTIVE = 2
     ACK = 3
     STRATEGY = 4
+    CHECK = 5
 
 
 ANY_SOURCE = -1  # a receive from whoever sends first

@@ -17,11 +17,13 @@ clock (``clock.py``) instead of the wall clock, and nobody sleeps:
   request: FLOP-model compute with no FLOPs in between) would poll forever, so its second
   such test completes the request at its delivery time, as a wait would.
 
-Messages to oneself cost nothing. A message whose own modelled time is infinite can never
-arrive and is refused at its send (``SlowLinkTimeout``); finite ones of any length are
-fine, since the launch's ``timeout`` bounds *wall* time, which a long modelled message does
-not take. A rank waiting for a message nobody sends still gets ``CommTimeout`` after
-``timeout`` seconds of wall time.
+Messages to oneself cost nothing, and so do the agreement checks (``Ch.CHECK``,
+``collectives/agreement.py``): they arrive the instant they are sent, so they wait for the
+slowest rank as the collective itself would, but add no latency NCCL would not. A
+message whose own modelled time is infinite can never arrive and is refused at its send
+(``SlowLinkTimeout``); finite ones of any length are fine, since the launch's ``timeout``
+bounds *wall* time, which a long modelled message does not take. A rank waiting for a
+message nobody sends still gets ``CommTimeout`` after ``timeout`` seconds of wall time.
 
 A receive from ANY_SOURCE takes the message that arrives first in *virtual* time: it is
 posted, naming its source, only once no other rank can still send an earlier one
@@ -50,6 +52,7 @@ import time
 
 import torch
 
+from ..comm.contexts import Ch, channel_of
 from ..errors import SlowLinkTimeout
 from .clock import VirtualClock
 from .emulated import _takes
@@ -210,13 +213,16 @@ class VirtualTransport:
         if self._main():
             self.board.publish(self.rank, mode, self.clock.now() if t is None else t, aux)
 
-    def _alpha(self, src: int, dst: int) -> float:
-        return 0.0 if src == dst else self.network.link(src, dst).alpha
+    @staticmethod
+    def _alpha(src: int, dst: int) -> float:
+        """The lookahead the board may count on: none, since an agreement check arrives
+        the instant it is sent (it is not on the network)."""
+        return 0.0
 
     def isend(self, t: torch.Tensor, dst: int, ctx: int, tag: int, code: int) -> _Sent:
         now = self.clock.now()
-        sent = delivered = now  # to oneself: not on the network
-        if dst != self.rank:
+        sent = delivered = now  # to oneself, or an agreement check: not on the network
+        if dst != self.rank and channel_of(ctx) != Ch.CHECK:
             sent, delivered = self._reserve(dst, t.numel() * t.element_size(), now, tag)
         with self.inner.lock:  # counted before it can be read: the board's invariant
             self.board.count_sent(self.rank, dst)

@@ -47,7 +47,7 @@ def _ddp_predicted(b: int, link: md.Link, p: int) -> tuple[float, float]:
     layer = 2 * b * D * D / RATE                       # one layer's forward
     forward, back = 4 * layer, 2 * layer                # a layer's backward: two products
     bucket = D * D * 4
-    c = costs.ring_time(bucket, p, link.alpha, link.bandwidth) + link.time(16)  # + the check
+    c = costs.ring_time(bucket, p, link.alpha, link.bandwidth)  # its check: free here
     compute = back * 3 + back / 2
     comm = back + 3 * c                                # from the first bucket ready
     return forward + max(compute, comm) + c, forward + compute + 4 * c
