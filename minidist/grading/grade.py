@@ -40,8 +40,7 @@ def main(args) -> int:
         return 2
     reports = []
     for path in args.notebooks:
-        report = grade_notebook(path, timeout=args.timeout, quick=not args.full,
-                                execute=args.execute, cell_timeout=args.cell_timeout)
+        report = _grade_one(grade_notebook, path, args)
         print(format_report(report, verbose=args.verbose), end="\n\n", flush=True)
         reports.append(report)
     if len(reports) > 1:
@@ -53,6 +52,19 @@ def main(args) -> int:
                        "earned": sum(r.earned for r in reports),
                        "points": sum(r.points for r in reports)}, f, indent=2)
     return 1 if any(r.error for r in reports) else 0
+
+
+def _grade_one(grade_notebook, path, args) -> Report:
+    """One notebook's report; a grading that crashed is reported as such, and the next
+    notebook is still graded."""
+    try:
+        return grade_notebook(path, timeout=args.timeout, quick=not args.full,
+                              execute=args.execute, cell_timeout=args.cell_timeout)
+    except Exception as e:  # a bug of the grader's, or a machine fault: this notebook only
+        from .notebook_grader import Report
+
+        return Report(str(path), error=f"grading crashed ({type(e).__name__}: {e}); the "
+                                       "other notebooks are graded on")
 
 
 def format_report(report: Report, verbose: bool = False) -> str:

@@ -95,7 +95,7 @@ def grade_test(test: GradedTest, program: Program, timeout: float, quick: bool) 
         return _zero(test, f"`{missing[0]}` is not defined in the notebook: write it (keep "
                            "its name) in the cell that asks for it")
     learner = Learner(test.needs, functools.partial(program.load, test.needs),
-                      limit=timeout, quiet=True, quick=quick)
+                      limit=timeout, quiet=True, quick=quick, fresh=True)
     return evaluate(test, learner)
 
 

@@ -146,3 +146,102 @@ def test_data_parallel_rules_keep_md_all_reduce_and_it_can_be_watched():
     from minidist.collectives import api
 
     assert "__minidist_grader_observed__" not in vars(api)  # this process is untouched
+
+
+# -- a fresh child (issue 27): nothing of the grader's, and nothing it starts outlives it --
+def _what_the_child_can_reach():
+    import gc
+    import inspect
+
+    frames = [f.filename for f in inspect.stack()]
+    found = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.numel() == 7
+             and bool((o == 271828.0).all())]
+    return to_plain({"frames": frames, "found": len(found), "ppid": os.getppid()})
+
+
+def test_a_fresh_child_holds_no_grader_frame_and_no_reference():
+    # in this frame, as a check's oracle is: a forked child would find it with gc
+    reference = torch.full((7,), 271828.0, dtype=torch.float64)
+    got = run_in_child(_what_the_child_can_reach, fresh=True)
+    assert not any("pytest" in f or "_pytest" in f for f in got["frames"]), got["frames"]
+    assert got["found"] == 0 and reference.numel() == 7
+    assert got["ppid"] != os.getpid()  # its parent is the fork server, not the grader
+
+
+def _kills_its_parent():
+    import signal
+
+    os.kill(os.getppid(), signal.SIGKILL)
+    return to_plain("still here")
+
+
+def test_an_answer_that_kills_its_parent_does_not_end_the_grader():
+    for _ in range(2):  # the fork server it killed is replaced for the next child
+        assert run_in_child(_kills_its_parent, fresh=True) == "still here"
+        assert run_in_child(_returns, ("next",), fresh=True) == "next"
+
+
+def _double_forks(path):
+    if os.fork() == 0:
+        os.setsid()  # a session of its own: out of the child's group and session
+        if os.fork() == 0:
+            with open(path, "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(60)
+        os._exit(0)
+    time.sleep(60)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_a_double_forked_grandchild_is_killed_at_the_limit(tmp_path, fresh):
+    path = tmp_path / "pid"
+    with pytest.raises(ChildTimeout):
+        run_in_child(_double_forks, (str(path),), limit=2.0, fresh=fresh)
+    pid = int(path.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+def _reads_the_library():
+    import subprocess
+
+    import minidist.collectives.hierarchical as h
+
+    sandbox.close_library_sources()
+    out = []
+    for attempt in (lambda: open(h.__file__).read(),
+                    lambda: open(h.__cached__, "rb").read(),
+                    lambda: subprocess.run(["cat", h.__file__], capture_output=True)):
+        try:
+            attempt()
+            out.append("read")
+        except PermissionError as e:
+            out.append(str(e))
+    return out
+
+
+def test_library_sources_are_closed_to_the_code_under_test():
+    got = run_in_child(_reads_the_library, fresh=True)
+    assert all(sandbox.NOT_ALLOWED_TEXT in text for text in got), got
+
+
+def _shared_memory_original():
+    from minidist.collectives import shared_memory
+
+    sandbox.forbid([sandbox.COMM_EFFICIENCY])
+    table = shared_memory.available.__globals__.get("__minidist_grader_observed__", {})
+    return to_plain({"kept": "available" in table, "now": shared_memory.available(None, None)})
+
+
+def test_a_switched_off_path_keeps_no_original_to_reach():
+    assert run_in_child(_shared_memory_original, fresh=True) == {"kept": False, "now": False}

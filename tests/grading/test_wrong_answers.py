@@ -72,7 +72,11 @@ def test_there_are_typical_wrong_answers_of_every_kind():
                  "files_hierarchical_all_reduce", "hier_leader_only", "hier_across_tree",
                  "files_topk_step", "files_powersgd_step", "files_zoo10_ring",
                  "dpsync_replaces_list_entries", "step_never_waits_its_sends",
-                 "zoo10_zero_dense_all_reduce", "zoo10_pipe_gpipe"):
+                 "zoo10_zero_dense_all_reduce", "zoo10_pipe_gpipe",
+                 "cheat_inspect_grader_frames", "cheat_gc_reference_tensors",
+                 "cheat_wrapper_globals_original", "cheat_exec_library_source",
+                 "cheat_double_fork_survivor", "cheat_kill_the_grader",
+                 "cheat_rank_kills_its_launcher"):
         assert kind in names
     assert len(WRONG) >= 50
 

@@ -23,6 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
+from .fresh import become_subreaper, end_tree, reap
+from .fresh import context as fresh_context
+from .fresh import start as start_fresh
+
 MAX_DEPTH = 6
 MAX_VALUES = 1_000_000  # a larger tensor comes back as its shape and dtype only
 
@@ -158,21 +162,45 @@ def error_to_plain(e: BaseException) -> dict:
 
 
 # -- the child -------------------------------------------------------------------------------
-def run_in_child(fn, args: tuple = (), limit: float = 60.0, quiet: bool = True):
-    """``fn(*args)`` in a forked child; its result as plain data (``fn`` must return what
+def run_in_child(fn, args: tuple = (), limit: float = 60.0, quiet: bool = True,
+                 fresh: bool = False):
+    """``fn(*args)`` in a child process; its result as plain data (``fn`` must return what
     :func:`to_plain` produced). Raises :class:`RemoteError` for an exception in the child and
-    :class:`ChildTimeout` past ``limit`` seconds."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child; coverage does not follow forks
-        os.close(read_fd)
-        _child(fn, args, write_fd, quiet)
-    os.close(write_fd)
+    :class:`ChildTimeout` past ``limit`` seconds. ``fresh``: a fresh process that holds only
+    ``fn`` and ``args`` (``fresh.py``; both must pickle), else a fork of this one (the
+    notebook's ``check``, whose learner functions live in the kernel)."""
+    deadline = time.monotonic() + max(0.0, limit)
+    if fresh:  # the pipe's ends as Connections: the fork server passes their fds along
+        reader, writer = fresh_context().Pipe(duplex=False)
+        go_reader, go_writer = fresh_context().Pipe(duplex=False)
+        try:
+            proc = start_fresh(_fresh_child, (fn, args, writer, go_reader, quiet))
+        except BaseException:
+            go_writer.close()  # a child forked meanwhile reads no go, and leaves
+            reader.close()
+            raise
+        finally:
+            writer.close()
+            go_reader.close()
+        read_fd, pid = reader.fileno(), proc.pid
+        os.write(go_writer.fileno(), b"g")  # its pid is known: now it may run learner code
+        go_writer.close()
+    else:
+        read_fd, write_fd = os.pipe()
+        proc, reader, pid = None, None, os.fork()
+        if pid == 0:  # pragma: no cover - the child; coverage does not follow forks
+            os.close(read_fd)
+            _child(fn, args, write_fd, quiet)
+        os.close(write_fd)
     try:
-        data = _read_until(read_fd, time.monotonic() + max(0.0, limit))
+        data = _read_until(read_fd, deadline)
     finally:
-        os.close(read_fd)
-        _kill_group(pid)
+        if proc is not None:
+            reader.close()
+            reap(proc)
+        else:
+            os.close(read_fd)
+            _kill_group(pid)
     if data is None:
         raise ChildTimeout(f"still running after {limit:g} s")
     message = _parse(data)
@@ -184,10 +212,21 @@ def run_in_child(fn, args: tuple = (), limit: float = 60.0, quiet: bool = True):
     return from_plain(message.get("ok"))
 
 
+def _fresh_child(fn, args, writer, go, quiet: bool) -> None:  # pragma: no cover - the child
+    # the pipe's write end came as a Connection; only its fd is used (our own framing, no
+    # pickle). It waits for the grader's go: until the fork server has told the grader its
+    # pid, an answer that killed the server would leave the grader no pid to kill.
+    if os.read(go.fileno(), 1) != b"g":
+        os._exit(1)
+    go.close()
+    _child(fn, args, writer.fileno(), quiet)
+
+
 def _child(fn, args, write_fd: int, quiet: bool) -> None:  # pragma: no cover - the child
     code = 0
     try:
-        os.setsid()  # a group of its own: killed as one, and Ctrl-C goes to the parent only
+        os.setsid()  # a session of its own: killed as one, and Ctrl-C goes to the parent only
+        become_subreaper()  # a double-forked grandchild stays ours to kill
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         torch.set_num_threads(1)  # forked after the parent's OpenMP pool: one thread only
         if quiet:
@@ -209,7 +248,10 @@ def _child(fn, args, write_fd: int, quiet: bool) -> None:  # pragma: no cover - 
     except BaseException:
         code = 1
     finally:
-        os._exit(code)
+        try:
+            end_tree(os.getpid(), include_self=False)  # what it started ends with it
+        finally:
+            os._exit(code)
 
 
 def _read_until(fd: int, deadline: float) -> bytes | None:
@@ -245,12 +287,8 @@ def _parse(data: bytes) -> dict:
 
 
 def _kill_group(pid: int) -> None:
-    """Kill the child and everything in its process group; reap the child."""
-    for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-        try:
-            target()
-        except (ProcessLookupError, PermissionError):
-            pass
+    """Kill the child, its session and its descendants (``fresh.end_tree``); reap it."""
+    end_tree(pid)
     try:
         os.waitpid(pid, 0)
     except ChildProcessError:

@@ -23,7 +23,7 @@ from ...launch import launch
 from .feedback import Mistake, describe_remote, with_case
 from .harness import deadlock_text, rank_entry, stuck_text
 from .isolation import ChildTimeout, RemoteError, error_to_plain, run_in_child, to_plain
-from .sandbox import COLLECTIVES, SENDRECV, forbid, seal_grading
+from .sandbox import COLLECTIVES, SENDRECV, close_library_sources, forbid, seal_grading
 
 # Seconds a blocking call may wait before it counts as a deadlock: long enough for a loaded
 # 2-core machine, short enough that a deadlock is reported quickly.
@@ -42,9 +42,10 @@ class Learner:
     """
 
     def __init__(self, needs, load, limit: float = 60.0, quiet: bool = True,
-                 quick: bool = True, rules=()):
+                 quick: bool = True, rules=(), fresh: bool = False):
         self.needs, self._load, self.rules = tuple(needs), load, tuple(rules)
         self.limit, self.quiet, self.quick = limit, quiet, quick
+        self.fresh = fresh  # the grader: children are fresh processes (``fresh.py``)
         self._deadline = time.monotonic() + limit
 
     def start(self) -> None:
@@ -116,7 +117,7 @@ class Learner:
         left = self._deadline - time.monotonic()
         if left <= 0:
             raise ChildTimeout("no time left")
-        return run_in_child(fn, args, limit=left, quiet=self.quiet)
+        return run_in_child(fn, args, limit=left, quiet=self.quiet, fresh=self.fresh)
 
     def namespace(self) -> dict:
         """In the child: apply the rules, then load the learner's code."""
@@ -124,6 +125,8 @@ class Learner:
             os.environ["MINIDIST_QUICK"] = "1"
         forbid(self.rules)
         seal_grading()
+        if self.fresh:
+            close_library_sources()
         try:
             namespace = self._load()
         except Exception as e:

@@ -96,6 +96,15 @@ def observe(fn, around) -> None:
     table[name] = (table[name][0], around)
 
 
+def _constant(fn, value) -> None:
+    """``fn`` returns ``value`` from now on, in this process; its own code is dropped."""
+    fn = unwrapped(fn)
+    namespace: dict = {}
+    exec(compile(f"def {fn.__name__}(*args, **kwargs):\n    return {value!r}\n", "<rule>",
+                 "exec"), {}, namespace)
+    fn.__code__, fn.__defaults__, fn.__kwdefaults__ = namespace[fn.__name__].__code__, None, None
+
+
 def unwrapped(fn):
     """The function whose code to swap: ``fn``, or for a decorated one (a closure made by
     ``functools.wraps``, whose code cannot be swapped) the function it wraps, so that the
@@ -117,7 +126,9 @@ def _comm_efficiency_paths() -> None:
         return original(comm, t, *args, **kwargs)
 
     observe(api.all_reduce, no_hierarchical)
-    observe(shared_memory.available, lambda original, *args, **kwargs: False)
+    # not observed: an observed function's original stays reachable from the learner's code
+    # (the wrapper's globals); this one's code is replaced and nothing keeps the old one
+    _constant(shared_memory.available, False)
 
 
 _DATA = "minidist.parallel.data."
@@ -336,6 +347,35 @@ def seal_grading() -> None:
     if "grading" in vars(minidist):
         delattr(minidist, "grading")
     sys.meta_path.insert(0, _SealedGrading())
+
+
+_PROGRAMS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
+             "pty.spawn")
+_LIBRARY_TEXT = "the library's source files are not readable by the code under test"
+
+
+def close_library_sources() -> None:
+    """In a fresh child (``fresh.py``), once the library is loaded: from now on no code in
+    this process opens a source or bytecode file of minidist (so no answer execs a switched
+    off module's text into a namespace of its own: the rules stay in force), and none starts
+    a program (a shell could read them). An audit hook (PEP 578): it cannot be removed."""
+    import os
+
+    import minidist
+
+    root = os.path.dirname(os.path.realpath(minidist.__file__)) + os.sep
+
+    def hook(event: str, args) -> None:
+        if event == "open" and args and isinstance(args[0], (str, bytes)):
+            path = os.fsdecode(args[0])
+            if path.endswith((".py", ".pyc")) and \
+                    os.path.realpath(path).startswith(root):
+                raise PermissionError(f"{path}: {_LIBRARY_TEXT} {NOT_ALLOWED_TEXT}")
+        elif event in _PROGRAMS:
+            raise PermissionError(f"starting a program ({event}) {NOT_ALLOWED_TEXT}: the "
+                                  "test runs your functions, nothing else")
+
+    sys.addaudithook(hook)
 
 
 # -- a rank's communicator ---------------------------------------------------------------------

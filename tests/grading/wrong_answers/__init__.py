@@ -61,10 +61,11 @@ def all_wrong() -> list[Wrong]:
         exercise_08,
         exercise_09,
         exercise_10,
+        isolation_cheats,
     )
 
     return [*exercise_00.WRONG, *exercise_01.WRONG, *exercise_02.WRONG,
             *exercise_02_buckets.WRONG, *exercise_03.WRONG, *exercise_04.WRONG,
             *exercise_05.WRONG, *exercise_06.WRONG, *exercise_07.WRONG, *exercise_08.WRONG,
             *exercise_09.WRONG, *exercise_10.WRONG, *bypasses.WRONG,
-            *exact_counts.WRONG, *contracts.WRONG]
+            *exact_counts.WRONG, *contracts.WRONG, *isolation_cheats.WRONG]
