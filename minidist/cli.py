@@ -27,7 +27,9 @@ def _parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(module)
         mod.add_arguments(bsub.add_parser(name, help=(mod.__doc__ or "").splitlines()[0]))
     grade.add_arguments(sub.add_parser("grade", help="grade exercise notebooks"))
-    sub.add_parser("doctor", help="what this machine can run")
+    doctor = sub.add_parser("doctor", help="what this machine can run")
+    doctor.add_argument("--gpu", action="store_true",
+                        help="verify on this machine's GPUs: the GPU tests and a benchmark")
     demo = sub.add_parser("demo", help="launch 4 ranks and show what they exchange")
     demo.add_argument("-n", "--nprocs", type=int, default=4)
     demo.add_argument("--backend", choices=("local", "torch"), default="local")
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "doctor":
         from .doctor import main as doctor
 
-        return doctor()
+        return doctor(gpu=args.gpu)
     if args.command == "demo":
         from .demo import main as demo
 

@@ -1,4 +1,5 @@
-"""``minidist doctor``: what this machine can run (cores, torch, backends, GPUs)."""
+"""``minidist doctor``: what this machine can run (cores, torch, backends, GPUs); ``--gpu``
+verifies minidist on its GPUs (``doctor_gpu.py``)."""
 
 from __future__ import annotations
 
@@ -51,10 +52,23 @@ def report() -> list[tuple[str, str]]:
     return rows
 
 
-def main() -> int:
+def main(gpu: bool = False) -> int:
+    """The report; with ``gpu``, then the GPU verification (``doctor_gpu.py``), which
+    refuses with a non-zero status where no GPU is present."""
+    if gpu:
+        from .doctor_gpu import no_gpu_message
+
+        if no_gpu_message() is not None:  # say so at once, before the slower checks
+            print(no_gpu_message(), file=sys.stderr)
+            return 2
     rows = report()
     width = max(len(k) for k, _ in rows)
     print("minidist doctor")
     for k, v in rows:
         print(f"  {k.ljust(width)}  {v}")
-    return 1 if any("FAILED" in v for _, v in rows) else 0
+    status = 1 if any("FAILED" in v for _, v in rows) else 0
+    if gpu:
+        from .doctor_gpu import main as verify_gpu
+
+        status = max(status, verify_gpu())
+    return status
