@@ -39,6 +39,17 @@ def positive_int(value, what: str, error: type[Exception] = ValueError) -> int:
     return integer(value, what, 1, error)
 
 
+def rank(value, world_size: int, what: str) -> int:
+    """``value`` as an int if it names a rank of a communicator of ``world_size``; a
+    TypeError for a value that is not an integer, a ValueError naming the valid range."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{what} must be an integer rank, got {type(value).__name__}")
+    if not 0 <= int(value) < world_size:
+        raise ValueError(f"{what}={value} is outside the communicator: world_size is "
+                         f"{world_size}, so valid ranks are 0..{world_size - 1}")
+    return int(value)
+
+
 def positive_number(value, what: str, *, unit: str = "", finite: bool = False,
                     error: type[Exception] = ValueError) -> float:
     """``value`` if it is a real number > 0 (and not infinite, with ``finite``); ``unit``

@@ -98,3 +98,17 @@ def test_the_old_two_read_check_is_what_this_replaces():
     with HostReads() as reads:
         int(ids.min()), int(ids.max())
     assert len(reads.calls) == 2
+
+
+def test_rank_names_the_argument_and_the_valid_range():
+    import numpy as np
+
+    from minidist import checks
+    assert checks.rank(np.int64(2), 4, "dst") == 2  # numpy's integers are ranks too
+    with pytest.raises(TypeError, match="dst must be an integer rank, got float"):
+        checks.rank(1.0, 4, "dst")
+    with pytest.raises(TypeError, match="got bool"):
+        checks.rank(True, 4, "dst")
+    with pytest.raises(ValueError, match="src=4 is outside the communicator: world_size is 4, "
+                                         "so valid ranks are 0..3"):
+        checks.rank(4, 4, "src")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import checks
 from ..comm import tensors
 
 TAG = {"broadcast": -20, "reduce": -21, "gather": -22, "scatter": -23, "all_gather": -24,
@@ -32,9 +33,4 @@ def as_flat(t, what: str) -> torch.Tensor:
 
 
 def check_root(root, comm, what: str) -> int:
-    if isinstance(root, bool) or not hasattr(root, "__index__"):
-        raise TypeError(f"{what} must be an integer rank, got {type(root).__name__}")
-    if not 0 <= int(root) < comm.world_size:
-        raise ValueError(f"{what}={root} is outside the communicator: valid ranks are "
-                         f"0..{comm.world_size - 1}")
-    return int(root)
+    return checks.rank(root, comm.world_size, what)

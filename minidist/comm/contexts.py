@@ -31,6 +31,7 @@ import hashlib
 
 import torch
 
+from .. import checks
 from . import tensors
 
 
@@ -75,8 +76,7 @@ TAG_LIMIT = 2**61  # an acknowledgement's tag, 3 tag + 2, must fit the header's 
 
 
 def check_tag(tag) -> None:
-    if isinstance(tag, bool) or not hasattr(tag, "__index__"):
-        raise TypeError(f"tag must be an int, got {type(tag).__name__}")
+    checks.integer(tag, "tag", low=None, error=TypeError)
     if not -TAG_LIMIT <= int(tag) < TAG_LIMIT:
         raise ValueError(f"tag {tag} is out of range")
 

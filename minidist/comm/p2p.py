@@ -17,6 +17,7 @@ import logging
 
 import torch
 
+from .. import checks
 from ..errors import MessageMismatchError
 from ..transports.clock import bracketed
 from . import tensors
@@ -146,10 +147,4 @@ class PointToPoint:
                 f"world rank {self.group[me]}{theirs}.)")
 
     def _check_peer(self, peer, what: str) -> None:
-        if isinstance(peer, bool) or not isinstance(peer, int):
-            if not hasattr(peer, "__index__"):
-                raise TypeError(f"{what} must be an integer rank, got {type(peer).__name__}")
-        n = self.comm.world_size
-        if not 0 <= int(peer) < n:
-            raise ValueError(f"{what}={peer} is outside the communicator: world_size is "
-                             f"{n}, so valid ranks are 0..{n - 1}")
+        checks.rank(peer, self.comm.world_size, what)

@@ -25,25 +25,19 @@ emulation`` measures it. With CPU-time compute nothing is intercepted.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
+from ..checks import positive_number
+
 _aten = torch.ops.aten
 # (op packet, index of the left matrix): flops = 2 * numel(left) * columns(right)
 _PRODUCTS = {_aten.mm: 0, _aten.bmm: 0, _aten.addmm: 1, _aten.baddbmm: 1}
 _CPU_SDPA = _aten._scaled_dot_product_flash_attention_for_cpu
 _CPU_SDPA_BACKWARD = _aten._scaled_dot_product_flash_attention_for_cpu_backward
-
-
-def _positive_finite(value, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not (math.isfinite(value) and value > 0):
-        raise ValueError(f"md.Compute {what} must be a finite number > 0, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True, repr=False)
@@ -58,12 +52,12 @@ class Compute:
     name: str = ""
 
     def __post_init__(self):
-        _positive_finite(self.flops, "flops")
+        positive_number(self.flops, "md.Compute flops", finite=True)
         if self.efficiency is None:
             from ..costmodel.cluster import A100_EFFICIENCY
 
             object.__setattr__(self, "efficiency", A100_EFFICIENCY)
-        if _positive_finite(self.efficiency, "efficiency") > 1:
+        if positive_number(self.efficiency, "md.Compute efficiency", finite=True) > 1:
             raise ValueError(f"md.Compute efficiency is a fraction of the peak, in (0, 1], "
                              f"got {self.efficiency!r}")
 

@@ -31,6 +31,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..checks import positive_int
 from .compute import Compute
 
 INTRA, INTER = 0, 1  # link classes: each rank has one egress and one ingress port per class
@@ -143,8 +144,7 @@ class Network:
             value = getattr(self, field)
             if value is None and field == "nodes":
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Network {field} must be a positive int, got {value!r}")
+            positive_int(value, f"Network {field}")
         if self.placement is not None:
             _check_placement(self.placement, self.nodes or 1, self.per_node)
         if self.compute is not None and not isinstance(self.compute, Compute):
