@@ -121,7 +121,8 @@ def assert_replicas_bitwise(comm, model) -> None:
     Each rank gathers a digest per parameter from all ranks; on a mismatch every rank raises
     the same AssertionError naming the first parameter and the ranks that differ."""
     named, _ = _named(model)
-    mine = torch.tensor([_digest(t) for _, t in named], dtype=torch.int64)
+    mine = torch.tensor([_digest(t) for _, t in named], dtype=torch.int64,
+                        device=getattr(comm, "device", "cpu"))  # NCCL gathers CUDA only
     table = md.all_gather(comm, mine)  # (world_size, number of parameters)
     for j, (name, _) in enumerate(named):
         column = table[:, j]

@@ -270,3 +270,27 @@ def test_elastic_commit_and_restore(device, tmp_path):
                                                device=device, timeout=60):
         assert kept == {torch.device(device).type}
         assert_params_close(restored, committed, atol=0)
+
+
+# -- the torch backend on CUDA: NCCL, one rank per GPU ------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [1, 2])
+def test_over_nccl(world):
+    """ZeRO 0-3 and the data-parallel variants on the torch backend with NCCL (every message
+    a CUDA tensor). One GPU runs the world of 1 only: NCCL refuses two ranks on one GPU."""
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"NCCL needs one GPU per rank: {world} wanted, "
+                    f"{torch.cuda.device_count()} here")
+    want = list(train_single(mlp, batches(), optimizer_class=torch.optim.AdamW, lr=1e-2)
+                .params.values())
+    for rank_out in md.launch(_zero_rank, world, backend="torch", device="cuda", timeout=120):
+        for stage, (got, kept) in rank_out.items():
+            assert kept == {"cuda"}, (stage, kept)
+            assert_params_close(got, want, atol=ATOL)
+    want = train_single(mlp, batches(), lr=0.1).params
+    cpu = md.launch(_data_rank, world, timeout=60)
+    for rank, out in enumerate(md.launch(_data_rank, world, backend="torch", device="cuda",
+                                         timeout=120)):
+        assert_params_close(out["ddp unused"][0], want, atol=ATOL)
+        assert_params_close(out["local sgd"], want, atol=ATOL)
+        assert_params_close(out["powersgd"], cpu[rank]["powersgd"], atol=1e-8)
