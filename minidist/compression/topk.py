@@ -93,9 +93,14 @@ class TopK:
             self.residuals[bucket.index] = left
         self.last_sent[bucket.index] = (indices, values)
         self._record(comm, bucket, squared_norm(left), squared_norm(x))
-        every_index = all_gather(comm, indices).reshape(-1).long()
-        every_value = all_gather(comm, values).reshape(-1)
-        x.zero_().index_add_(0, every_index, every_value)  # same order on every rank
+        every_index = all_gather(comm, indices).long()  # (p, k)
+        every_value = all_gather(comm, values)
+        x.zero_()
+        # rank by rank, in the same order on every rank: one rank's indices are distinct, so
+        # no two adds meet on one element in a call (on a GPU, index_add_ adds colliding
+        # indices with atomics, in no fixed order, and the replicas would part by roundings)
+        for index, value in zip(every_index, every_value):
+            x.index_add_(0, index, value)
         return x.div_(comm.world_size)
 
     def _record(self, comm, bucket, error_sq: float, norm_sq: float) -> None:
