@@ -258,17 +258,26 @@ def next_scale(scale: float, tracker: int, found_inf: bool, growth_factor: float
 def unscale_and_check(grads: Iterable[torch.Tensor], inv_scale: float) -> bool:
     """Multiply every gradient by ``inv_scale`` in place; True if any held inf or NaN (what
     torch's fused ``_amp_foreach_non_finite_check_and_unscale_`` does, unfused)."""
-    found = False
+    finite = []
     with torch.no_grad():
         for g in grads:
-            found = found or not bool(torch.isfinite(g).all())
+            finite.append(torch.isfinite(g).all())  # checked before the multiply
             g.mul_(inv_scale)
-    return found
+    return not all_true(finite)
 
 
 def any_nonfinite(grads: Iterable[torch.Tensor]) -> bool:
     """True if any gradient holds an inf or NaN: the check alone, dividing nothing."""
-    return any(not bool(torch.isfinite(g).all()) for g in grads)
+    return not all_true([torch.isfinite(g).all() for g in grads])
+
+
+def all_true(flags: list[torch.Tensor]) -> bool:
+    """Whether every 0-dim bool flag is True, read with one host read per device: on a GPU
+    each read waits for the device, so one per gradient would stall every step."""
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for f in flags:
+        by_device.setdefault(f.device, []).append(f)
+    return all(bool(torch.stack(fs).all()) for fs in by_device.values())
 
 
 def gradients_to_unscale(optimizer: torch.optim.Optimizer,
