@@ -13,11 +13,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 import minidist as md
 from minidist.models.gpt import GPTConfig
 from minidist.parallel import hybrid
-from minidist.parallel.amp import inf_agreement
+from minidist.parallel.amp import inf_agreement, unscale_and_check
 from minidist.parallel.data.scheduler import BucketScheduler
 from minidist.parallel.elastic import commit_store, loop
 from minidist.parallel.elastic import state as elastic_state
@@ -160,3 +161,42 @@ def test_restored_optimizer_state_follows_the_parameters(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "load", lambda *a, **kw: kwargs.append(kw) or real(*a, **kw))
     store.read(store.path)
     assert kwargs and kwargs[-1].get("map_location") == "cpu"
+
+
+class Recorded(TorchFunctionMode):
+    """The host reads (a GPU waits for each) and the index of each ``index_add_`` call."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads, self.index_adds = [], []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in ("item", "tolist", "__bool__", "__int__", "__float__"):
+            self.reads.append(name)
+        if name == "index_add_":
+            self.index_adds.append(args[2].clone())
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_scaler_reads_its_found_inf_check_once_per_device():
+    grads = [torch.ones(3) for _ in range(5)] + [torch.tensor([1.0, float("inf")])]
+    with Recorded() as mode:
+        found = unscale_and_check(grads, 0.5)
+    assert found and mode.reads == ["__bool__"]  # not one read per gradient
+    assert torch.equal(grads[0], torch.full((3,), 0.5))
+    with Recorded() as mode:
+        assert not unscale_and_check([torch.ones(2), torch.zeros(4)], 2.0)
+    assert mode.reads == ["__bool__"]
+
+
+def test_topk_adds_the_ranks_picks_without_colliding_indices(monkeypatch):
+    """Two ranks that pick the same entries: no index_add_ call may hold an index twice
+    (a GPU adds colliding indices with atomics, in no fixed order: replicas would part)."""
+    monkeypatch.setattr("minidist.compression.topk.all_gather",
+                        lambda comm, t: torch.stack([t, t]))  # rank 1 sent what rank 0 did
+    bucket = SimpleNamespace(buffer=torch.tensor([4.0, -1.0, 3.0, 0.5]), index=0)
+    with Recorded() as mode:
+        out = md.compression.TopK(0.5)(FakeComm(device="cpu"), bucket)
+    assert torch.equal(out, torch.tensor([4.0, 0.0, 3.0, 0.0]))  # (x + x) / 2 on the picks
+    assert mode.index_adds and all(i.unique().numel() == i.numel() for i in mode.index_adds)
