@@ -103,7 +103,6 @@ def test_the_old_two_read_check_is_what_this_replaces():
 def test_rank_names_the_argument_and_the_valid_range():
     import numpy as np
 
-    from minidist import checks
     assert checks.rank(np.int64(2), 4, "dst") == 2  # numpy's integers are ranks too
     with pytest.raises(TypeError, match="dst must be an integer rank, got float"):
         checks.rank(1.0, 4, "dst")
