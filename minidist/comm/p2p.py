@@ -44,13 +44,27 @@ class PointToPoint:
     def test(self, raw) -> bool:
         return self.transport.test(raw)
 
+    def _wire_tensor(self, t: torch.Tensor, receive: bool = False) -> torch.Tensor:
+        """What the transport carries for ``t``: ``t`` itself, or a staged copy (a receive:
+        an empty buffer, copied into ``t`` when it completes). The local transport and gloo
+        carry host memory, so a CUDA tensor goes through the host; NCCL carries only CUDA
+        tensors (``cuda_native``), so a CPU tensor goes through the communicator's device:
+        the library's own small messages (flags, shape headers, agreement checks, split's
+        table) are CPU tensors, whatever the model's device."""
+        native = self.transport.cuda_native
+        if t.is_cuda == native:
+            return t
+        device = self.comm.device if native else torch.device("cpu")
+        if receive:
+            return torch.empty(t.shape, dtype=t.dtype, device=device)
+        return t.to(device)
+
     @bracketed
     def isend(self, tensor, dst: int, tag: int, ctx: int, count: bool) -> Request:
         t = tensors.as_tensor(tensor, "send buffer")
         self._check_peer(dst, "dst")
         check_tag(tag)
-        if t.is_cuda and not self.transport.cuda_native:  # staged through host memory
-            t = t.cpu()
+        t = self._wire_tensor(t)
         n, start = tensors.nbytes(t), self.comm.clock.now()  # before the transport copies
         if count:
             self.comm.stats.on_send(dst, n)
@@ -71,9 +85,8 @@ class PointToPoint:
         if src != ANY_SOURCE:
             self._check_peer(src, "src")
         check_tag(tag)
-        target, unstage = t, None
-        if t.is_cuda and not self.transport.cuda_native:
-            target = torch.empty(t.shape, dtype=t.dtype)
+        target, unstage = self._wire_tensor(t, receive=True), None
+        if target is not t:
             unstage = lambda: t.copy_(target)  # noqa: E731
         gsrc = self.group[src] if src != ANY_SOURCE else ANY_SOURCE
         raw = self.transport.irecv(target, gsrc, ctx, tag, tensors.DTYPE_CODE[t.dtype])
