@@ -1,4 +1,4 @@
-"""The ``minidist`` command: run, bench, grade, doctor, demo."""
+"""The ``minidist`` command: run, bench, grade, doctor, demo, book."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 
+from . import book
 from .bench import BENCHMARKS
 from .grading import grade
 
@@ -33,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="launch 4 ranks and show what they exchange")
     demo.add_argument("-n", "--nprocs", type=int, default=4)
     demo.add_argument("--backend", choices=("local", "torch"), default="local")
+    book.add_arguments(sub.add_parser("book", help="build the lessons, exercises, guide and "
+                                      "API reference as a static web site"))
     return p
 
 
@@ -63,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
 
         demo(args.nprocs, args.backend)
         return 0
+    if args.command == "book":
+        return book.main(args)
     return 2
 
 
