@@ -77,6 +77,7 @@ def _run_rank(comm, variant: str, cfg: dict) -> dict:
             opt.step()
             if i >= 3:  # warm-up steps are not counted
                 times.append(time.perf_counter() - start)
+    del ddp, opt  # DDP goes before its process group: freed after it, gloo's can hang
     dist.destroy_process_group()
     return {"step_s": statistics.median(sync), "local_s": statistics.median(local)}
 
