@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import nbformat
 
+from .engine.fresh import warm
 from .engine.learner import Learner
 from .engine.program import Program
 from .engine.spec import GradedTest
@@ -77,6 +78,7 @@ def grade_notebook(path, timeout: float = TEST_TIME_LIMIT, quick: bool = True,
         from .notebook_run import run_for_notes
 
         report.notes += run_for_notes(nb, tests, path, cell_timeout, quick)
+    warm()  # the fork server's start is no test's time
     for test in tests.values():
         if only is None or test.grade_id in only:
             report.results.append(grade_test(test, program, timeout, quick))

@@ -114,6 +114,21 @@ def start(target, args: tuple):
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _nothing() -> None:  # pragma: no cover - runs in the child
+    pass
+
+
+def warm() -> None:
+    """Start the fork server now if it is not running (it preloads the library: seconds),
+    and wait until it serves, so that no test's time limit pays for it."""
+    context()
+    server = forkserver._forkserver
+    before = server._forkserver_pid
+    server.ensure_running()  # collects a server an answer killed, and starts a new one
+    if server._forkserver_pid != before:
+        start(_nothing, ()).join(120)
+
+
 def _start_without_main(proc) -> None:
     original = spawn.get_preparation_data
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .fresh import become_subreaper, end_tree, reap
+from .fresh import become_subreaper, end_tree, reap, warm
 from .fresh import context as fresh_context
 from .fresh import start as start_fresh
 
@@ -170,7 +170,10 @@ def run_in_child(fn, args: tuple = (), limit: float = 60.0, quiet: bool = True,
     ``fn`` and ``args`` (``fresh.py``; both must pickle), else a fork of this one (the
     notebook's ``check``, whose learner functions live in the kernel)."""
     deadline = time.monotonic() + max(0.0, limit)
-    if fresh:  # the pipe's ends as Connections: the fork server passes their fds along
+    if fresh:
+        warm()  # a fork server killed by the last child is booted outside this clock
+        deadline = time.monotonic() + max(0.0, limit)
+        # the pipe's ends as Connections: the fork server passes their fds along
         reader, writer = fresh_context().Pipe(duplex=False)
         go_reader, go_writer = fresh_context().Pipe(duplex=False)
         try:

@@ -46,6 +46,9 @@ class Learner:
         self.needs, self._load, self.rules = tuple(needs), load, tuple(rules)
         self.limit, self.quiet, self.quick = limit, quiet, quick
         self.fresh = fresh  # the grader: children are fresh processes (``fresh.py``)
+        # read here, in the grader, and carried to the child: a fresh child imports this
+        # module anew, so only the value travelling with the learner reaches it
+        self.comm_timeout = COMM_TIMEOUT
         self._deadline = time.monotonic() + limit
 
     def start(self) -> None:
@@ -157,7 +160,7 @@ def each_call(namespace, name, calls) -> list:
 
 def _ranks_child(learner: Learner, case_fn, world_size, cases, progress):
     namespace = learner.namespace()
-    results = launch(rank_entry, world_size, timeout=COMM_TIMEOUT,
+    results = launch(rank_entry, world_size, timeout=learner.comm_timeout,
                      args=(case_fn, namespace, learner.rules, list(cases), progress))
     return list(results)  # each rank's dict holds plain data only (``rank_entry``)
 
