@@ -46,7 +46,7 @@ from .state import CommitStore
 
 
 class ElasticError(MinidistError):
-    """The elastic job cannot go on. ``attempts``: what happened so far (``Attempt``s)."""
+    """The elastic job cannot go on. ``attempts``: what happened so far (a list of ``Attempt``)."""
 
     def __init__(self, message: str, attempts: list | None = None):
         self.attempts = list(attempts or [])
