@@ -8,17 +8,16 @@ import pytest
 import torch
 
 import minidist as md
+from minidist.comm.contexts import WORLD_CTX, Ch
 from minidist.transports.torch_dist import USER_TAGS, _wire_tags
-
-WORLD = 4  # the world communicator's user context; control is 5, collectives 6
 
 
 def test_wire_tags_are_distinct_within_a_communicator():
+    """Every channel of the world communicator (``comm/contexts.py``), every tag."""
     lo, hi = USER_TAGS
     tags = list(range(-3000, 3000)) + [lo, lo + 1, hi - 1, hi - 2, 1 << 20, -(1 << 20)]
-    wires = {_wire_tags(ctx, t)[i] for ctx in (WORLD, WORLD + 1, WORLD + 2) for t in tags
-             for i in (0, 1)}
-    assert len(wires) == 3 * len(set(tags)) * 2
+    wires = {_wire_tags(WORLD_CTX + ch, t)[i] for ch in Ch for t in tags for i in (0, 1)}
+    assert len(wires) == len(Ch) * len(set(tags)) * 2
     assert all(0 <= w < 2**31 for w in wires)
 
 
