@@ -49,6 +49,7 @@ def init_process_group(comm, all_reduce=None, timeout: float | None = None):
     the backend's all-reduce (single and coalesced), so torch's DDP trains over it. It
     gets a communicator of its own (a split of ``comm``), so its messages never meet
     torch's. The store torch needs is a TCPStore on 127.0.0.1 hosted by rank 0.
+    ``timeout``: seconds torch's own waits (its store) may take; by default the comm's.
     """
     from ..comm import Communicator
     from . import torch_private  # noqa: F401 (refuses an untested torch, by name)
@@ -68,7 +69,11 @@ def init_process_group(comm, all_reduce=None, timeout: float | None = None):
         raise RuntimeError("minidist backend: init_process_group: torch.distributed is already "
                            "initialised in this process; call dist.destroy_process_group() "
                            "first")
-    limit = datetime.timedelta(seconds=min(comm.timeout, 10**9))
+    seconds = comm.timeout if timeout is None else float(timeout)
+    if not seconds > 0:
+        raise ValueError(f"minidist backend: init_process_group: timeout must be a positive "
+                         f"number of seconds, got {timeout!r}")
+    limit = datetime.timedelta(seconds=min(seconds, 10**9))
     register()
     dist.init_process_group(BACKEND, store=_loopback_store(comm, limit), rank=comm.rank,
                             world_size=comm.world_size, timeout=limit,
