@@ -34,9 +34,22 @@ html_theme_options = {{"use_download_button": False, "home_page_in_toc": True,
 html_copy_source = False
 html_show_sourcelink = False
 html_static_path = ["_static"]
+html_css_files = ["book.css"]
 # MathJax 2 from the book extra (jupyter-server-mathjax), so the site needs no CDN
 mathjax_path = "mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"
+# the fonts that package ships (Jupyter's own MathJax setting); no image fonts
+mathjax2_config = {{"HTML-CSS": {{"availableFonts": [], "imageFont": None,
+                                 "webFont": "STIX-Web"}}}}
 '''
+
+# the API tables' first column holds whole signatures: fixed columns and wrapped code, so
+# the meaning column stays on the page instead of past a horizontal scroll
+CSS = """\
+.api-table table { table-layout: fixed; width: 100%; }
+.api-table th:nth-child(1) { width: 40%; }
+.api-table th:nth-child(2) { width: 12%; }
+.api-table td code, .api-table td code span { white-space: normal; overflow-wrap: anywhere; }
+"""
 
 
 def sections(markdown: str) -> tuple[list[str], list[tuple[str, list[str]]]]:
@@ -153,7 +166,8 @@ def api_page() -> str:
                                        for s in apidoc.SUBPACKAGES]
     documented: dict[int, str] = {}
     for title, prefix, module in spaces:
-        lines += apidoc.section(title, prefix, module)
+        heading, blank, *table = apidoc.section(title, prefix, module)
+        lines += [heading, blank, "```{container} api-table", *table, "```", ""]
         lines += _autodoc(prefix, module, apidoc, documented)
     return "\n".join(lines)
 
