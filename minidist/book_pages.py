@@ -7,6 +7,7 @@ same lists ``docs/api.md`` is made from) with autodoc's full docstrings after ea
 
 from __future__ import annotations
 
+import importlib
 import re
 
 from .book import RAW, BookError, Notebook, rewrite_links
@@ -157,28 +158,32 @@ def api_page() -> str:
 
     from . import apidoc
 
+    by_name = ", ".join(f"`minidist.{s}`" for s in apidoc.STANDALONE)
     lines = ["# API reference", "",
              "Every public name: `md.NAME` (`import minidist as md`), then the subpackages "
-             "reached through `md`. Each table is `minidist.apidoc`'s (the lists "
-             "`docs/api.md` is generated from: signatures and each docstring's first "
-             "sentence); each name's full docstring follows its table.", ""]
-    spaces = [("`md`", "md.", md)] + [(f"`md.{s}`", f"md.{s}.", getattr(md, s))
-                                       for s in apidoc.SUBPACKAGES]
+             f"reached through `md`, then the modules imported by name ({by_name}). Each "
+             "table is `minidist.apidoc`'s (the lists `docs/api.md` is generated from: "
+             "signatures and each docstring's first sentence); each name's full docstring "
+             "follows its table.", ""]
+    spaces = [("md", md)] + [(f"md.{s}", getattr(md, s)) for s in apidoc.SUBPACKAGES]
+    spaces += [(f"minidist.{s}", importlib.import_module(f"minidist.{s}"))
+               for s in apidoc.STANDALONE]
     documented: dict[int, str] = {}
-    for title, prefix, module in spaces:
-        heading, blank, *table = apidoc.section(title, prefix, module)
+    for shown, module in spaces:
+        heading, blank, *table = apidoc.section(f"`{shown}`", f"{shown}.", module)
         lines += [heading, blank, "```{container} api-table", *table, "```", ""]
-        lines += _autodoc(prefix, module, apidoc, documented)
+        lines += _autodoc(shown, module, apidoc, documented)
     return "\n".join(lines)
 
 
-def _autodoc(prefix: str, module, apidoc, documented: dict[int, str]) -> list[str]:
+def _autodoc(shown: str, module, apidoc, documented: dict[int, str]) -> list[str]:
     """An ``eval-rst`` block: autodoc's rendering of each public name's docstring; a name
     documented already (``md.pipeline.ScheduleGPipe`` is ``md.ScheduleGPipe``) says so, a
     constant shows its value (autodoc would show its type's docstring), and a module is
     skipped (each subpackage has its own table)."""
     directive = {"function": "autofunction", "class": "autoclass", "exception": "autoexception"}
-    dotted = "minidist." + prefix[3:]
+    prefix = shown + "."
+    dotted = "minidist." + prefix.removeprefix("md.").removeprefix("minidist.")
     out = ["```{eval-rst}"]
     for name in apidoc.public_names(module):
         obj = getattr(module, name)

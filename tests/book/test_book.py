@@ -9,6 +9,7 @@ screenshots (default: the test's temporary folder).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -200,6 +201,8 @@ def test_api_page_lists_every_public_name(crawl, base):
     names = [f"md.{n}" for n in md.__all__]
     names += [f"md.{s}.{n}" for s in apidoc.SUBPACKAGES
               for n in apidoc.public_names(getattr(md, s))]
+    names += [f"minidist.{s}.{n}" for s in apidoc.STANDALONE
+              for n in apidoc.public_names(importlib.import_module(f"minidist.{s}"))]
     absent = [n for n in names if not re.search(re.escape(n) + r"\b", text)]
     assert not absent, absent
 
