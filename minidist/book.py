@@ -121,6 +121,7 @@ def stage(root: Path, src: Path) -> None:
     _write(src / "index.md", pages.home_page(readme, lessons, exercises))
     _write(src / "api.md", pages.api_page())
     _write(src / "conf.py", pages.CONF)
+    _write(src / "_static" / "book.css", pages.CSS)
     import jupyter_server_mathjax  # its static folder is MathJax 2: the site needs no CDN
 
     shutil.copytree(Path(jupyter_server_mathjax.__file__).parent / "static",
