@@ -38,9 +38,12 @@ html_static_path = ["_static"]
 html_css_files = ["book.css"]
 # MathJax 2 from the book extra (jupyter-server-mathjax), so the site needs no CDN
 mathjax_path = "mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"
-# the fonts that package ships (Jupyter's own MathJax setting); no image fonts
+# the fonts that package ships (Jupyter's own MathJax setting), no image fonts; MyST marks
+# its pages' sections ignored and its math nodes processed (its setting for MathJax 3 and 4)
 mathjax2_config = {{"HTML-CSS": {{"availableFonts": [], "imageFont": None,
-                                 "webFont": "STIX-Web"}}}}
+                                 "webFont": "STIX-Web"}},
+                   "tex2jax": {{"ignoreClass": "tex2jax_ignore|mathjax_ignore",
+                               "processClass": "tex2jax_process|mathjax_process|math"}}}}
 '''
 
 # the API tables' first column holds whole signatures: fixed columns and wrapped code, so
