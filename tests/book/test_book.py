@@ -44,7 +44,12 @@ PAGE_JS = """() => ({
   images: [...document.querySelectorAll('article img')].map(
       i => ({src: i.src, complete: i.complete, width: i.naturalWidth})),
   downloads: [...document.querySelectorAll('a.download')].map(a => a.href),
+  math: [...document.querySelectorAll('article .math.notranslate')].map(
+      e => e.querySelector('.MathJax, .MathJax_Display') ? null : e.innerText.slice(0, 60)),
 })"""
+# MathJax 2 typesets after the load event: wait for the end of its start-up (at once if over)
+MATH_DONE_JS = """() => new Promise(done => window.MathJax && MathJax.Hub
+    ? MathJax.Hub.Register.StartupHook("End", done) : done())"""
 
 
 class _Quiet(SimpleHTTPRequestHandler):
@@ -106,6 +111,7 @@ def crawl(context, base):
         if url in seen:
             continue
         page.goto(url, wait_until="load")
+        page.evaluate(MATH_DONE_JS)
         seen[url] = page.evaluate(PAGE_JS)
         for href in seen[url]["hrefs"]:
             target = urldefrag(href).url
@@ -157,6 +163,14 @@ def test_lesson_pages_show_their_figures(crawl, base):
         assert len(images) == _figures(source) > 0, (nb.name, len(images), _figures(source))
         broken = [i["src"] for i in images if not i["complete"] or i["width"] == 0]
         assert not broken, f"{nb.name}: figures that did not load: {broken}"
+
+
+def test_math_is_typeset(crawl):
+    """MathJax (served from the site itself) replaced every formula's TeX."""
+    pages_with_math = {u: info["math"] for u, info in crawl.items() if info["math"]}
+    assert pages_with_math, "no page has a formula: the lessons have some"
+    raw = {u: [m for m in found if m is not None] for u, found in pages_with_math.items()}
+    assert not any(raw.values()), {u: m for u, m in raw.items() if m}
 
 
 def test_no_internal_link_is_broken(crawl, base, context):
