@@ -16,7 +16,7 @@ The transport underneath (``transports/local.py`` or ``transports/torch_dist.py`
 between global ranks; messages carry a context id (``ctx``, one per channel:
 ``contexts.py``) so that traffic on a split-off communicator never matches a receive on its
 parent. What happens to one message (checks, staging, counting, the eager limit's
-acknowledgements) is ``p2p.py``; a pending message and a channel are ``request.py``.
+acknowledgements) is ``point_to_point.py``; a pending message and a channel are ``request.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 from ..trace import Timeline
 from ..transports.clock import WALL, bracketed
 from .contexts import ANY_SOURCE, PAYLOAD, WORLD_CTX, Ch, child_ctx
-from .p2p import PointToPoint
+from .point_to_point import PointToPoint
 from .receive_log import ReceiveLog
 from .request import Channel, Request
 from .stats import CommStats

@@ -1,7 +1,8 @@
 """A pending message (``Request``) and a communicator's channel (``Channel``).
 
-Both talk to their Communicator through one internal object, ``comm._p2p`` (``p2p.py``:
-post, wait, test, finish a receive, flush acknowledgements, number the ranks), and
+Both talk to their Communicator through one internal object, ``comm._p2p``
+(``point_to_point.py``: post, wait, test, finish a receive, flush acknowledgements, number
+the ranks), and
 otherwise read only its public attributes (``clock``, ``stats``, ``timeline``,
 ``eager_limit``, ``timeout``, ``received``, ``rank``, ``world_size``).
 """

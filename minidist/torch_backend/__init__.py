@@ -26,7 +26,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from .rendezvous import Options, create
+from .torchrun_world import Options, create
 
 BACKEND = "minidist"
 

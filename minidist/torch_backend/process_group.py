@@ -5,7 +5,7 @@ What runs where:
 
 * collectives run on the group's Communicator (the world one for the default group, so
   the local backend's shared-memory all-reduce applies), one at a time on the group's
-  thread (``worker.py``), and return at once with a ``Work`` the thread completes;
+  thread (``job_thread.py``), and return at once with a ``Work`` the thread completes;
 * ``send``/``recv`` are minidist's own non-blocking ``isend``/``irecv`` on a copy of the
   communicator (``comm.split``), so torch's tags never meet anyone else's messages; their
   ``Work`` waits on the minidist request;
@@ -30,8 +30,8 @@ import torch.distributed as dist
 from .. import collectives as coll
 from ..comm import ANY_SOURCE
 from . import torch_private
-from .checks import check_count, check_numel, check_same, check_single, check_tensors
-from .worker import GroupWorker
+from .job_thread import GroupWorker
+from .refusals import check_count, check_numel, check_same, check_single, check_tensors
 
 
 class ProcessGroupMinidist(torch_private.TorchHooks):

@@ -1,4 +1,4 @@
-"""Tensors staged for a transport that carries another device's memory (comm/p2p.py):
+"""Tensors staged for a transport that carries another device's memory (comm/point_to_point.py):
 NCCL carries only CUDA tensors, so the library's CPU messages (flags, headers, agreement
 checks) go through the communicator's device; the local transport and gloo carry host
 memory. A fake NCCL-like transport, on ``meta`` for the device, shows it without a GPU."""

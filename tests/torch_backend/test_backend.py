@@ -130,7 +130,7 @@ def test_init_process_group_minidist_after_import(tmp_path):
 
 
 def test_several_machines_are_refused(monkeypatch):
-    from minidist.torch_backend.rendezvous import join_local_world
+    from minidist.torch_backend.torchrun_world import join_local_world
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     with pytest.raises(RuntimeError, match="all run on one machine"):
