@@ -245,3 +245,54 @@ def _shared_memory_original():
 
 def test_a_switched_off_path_keeps_no_original_to_reach():
     assert run_in_child(_shared_memory_original, fresh=True) == {"kept": False, "now": False}
+
+
+_STUCK = '''
+import os
+import time
+
+
+def stuck(path):
+    """Start a grandchild, write both pids, then spin: an answer stuck in a loop."""
+    kid = os.fork()
+    if kid == 0:
+        time.sleep(120)
+        os._exit(0)
+    with open(path, "w") as f:
+        f.write(f"{os.getpid()} {kid}")
+    while True:
+        pass
+'''
+_GRADER = ("import sys; from stuck_answer import stuck; "
+           "from minidist.grading.engine.isolation import run_in_child; "
+           "run_in_child(stuck, (sys.argv[1],), limit=120.0, fresh=True)")
+
+
+def test_a_stuck_answer_ends_when_the_grader_is_killed_outright(tmp_path):
+    """SIGKILL gives the grader no time to end the child's tree: the child sees its
+    lifeline close, and ends every process it started, then itself."""
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "stuck_answer.py").write_text(_STUCK)
+    path = tmp_path / "pids"
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
+    grader = subprocess.Popen([sys.executable, "-c", _GRADER, str(path)], env=env,
+                              cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not (path.exists() and len(path.read_text().split()) == 2):
+            assert time.monotonic() < deadline and grader.poll() is None
+            time.sleep(0.05)
+        child, grandchild = map(int, path.read_text().split())
+        assert _alive(child) and _alive(grandchild)
+        grader.send_signal(signal.SIGKILL)
+        grader.wait()
+        deadline = time.monotonic() + 10
+        while (_alive(child) or _alive(grandchild)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child) and not _alive(grandchild)
+    finally:
+        grader.kill()
+        grader.wait()

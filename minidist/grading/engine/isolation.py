@@ -17,6 +17,7 @@ import json
 import os
 import select
 import signal
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -187,7 +188,8 @@ def run_in_child(fn, args: tuple = (), limit: float = 60.0, quiet: bool = True,
             go_reader.close()
         read_fd, pid = reader.fileno(), proc.pid
         os.write(go_writer.fileno(), b"g")  # its pid is known: now it may run learner code
-        go_writer.close()
+        # go_writer stays open while the child runs: its end is the child's lifeline (a
+        # grader killed outright must not leave a stuck answer running: _fresh_child)
     else:
         read_fd, write_fd = os.pipe()
         proc, reader, pid = None, None, os.fork()
@@ -201,6 +203,7 @@ def run_in_child(fn, args: tuple = (), limit: float = 60.0, quiet: bool = True,
         if proc is not None:
             reader.close()
             reap(proc)
+            go_writer.close()
         else:
             os.close(read_fd)
             _kill_group(pid)
@@ -221,8 +224,17 @@ def _fresh_child(fn, args, writer, go, quiet: bool) -> None:  # pragma: no cover
     # pid, an answer that killed the server would leave the grader no pid to kill.
     if os.read(go.fileno(), 1) != b"g":
         os._exit(1)
-    go.close()
+    threading.Thread(target=_end_with_grader, args=(go.fileno(),), daemon=True).start()
     _child(fn, args, writer.fileno(), quiet)
+
+
+def _end_with_grader(lifeline: int) -> None:  # pragma: no cover - the child
+    """The grader holds the other end of ``lifeline`` until this child has ended; EOF
+    before that means the grader died (killed outright, no time to end the tree): end
+    this child and everything it started, instead of running on with no one to wait."""
+    os.read(lifeline, 1)
+    end_tree(os.getpid())  # every process it started (not itself: end_tree spares it)
+    os._exit(1)
 
 
 def _child(fn, args, write_fd: int, quiet: bool) -> None:  # pragma: no cover - the child
