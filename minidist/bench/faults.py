@@ -82,6 +82,7 @@ def harness():
     """Make this process a child subreaper for the duration; reap everything after."""
     libc = ctypes.CDLL(None)
     libc.prctl(_SUBREAPER, 1)
+    others = _descendants()  # this process's own helpers (a fork server...): not ours to end
     workdir = tempfile.mkdtemp(prefix="md-faults-")
     with open(os.path.join(workdir, "rank.py"), "w") as f:
         f.write(_RANK_SCRIPT)
@@ -89,7 +90,7 @@ def harness():
         yield workdir
     finally:
         libc.prctl(_SUBREAPER, 0)
-        _kill_all(_descendants())
+        _kill_all(_descendants() - others)
         os.remove(os.path.join(workdir, "rank.py"))
         os.rmdir(workdir)
 
@@ -137,7 +138,7 @@ def _kill_all(pids: set[int]) -> None:
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + 5
-    while _descendants() and time.monotonic() < deadline:
+    while _descendants() & pids and time.monotonic() < deadline:
         _reap()
         time.sleep(0.01)
     _reap()
@@ -157,7 +158,7 @@ def _orphan_segments(before: set[str]) -> set[str]:
 def trial(scenario: str, sig: int, delay: float, workdir: str, settle: float = 10.0) -> dict:
     """Fork a caller of ``scenario``, send it ``sig`` after ``delay`` seconds, and wait
     until it and all it started are gone. Call inside ``harness()``."""
-    before = set(os.listdir("/dev/shm"))
+    before, others = set(os.listdir("/dev/shm")), _descendants()
     pid = os.fork()
     if pid == 0:
         _caller(scenario, workdir)
@@ -168,7 +169,7 @@ def trial(scenario: str, sig: int, delay: float, workdir: str, settle: float = 1
     killed_at = time.monotonic()
     while True:
         _reap()
-        alive, shm = _descendants(), _orphan_segments(before)
+        alive, shm = _descendants() - others, _orphan_segments(before)
         if not alive and not shm:
             break
         if time.monotonic() - killed_at > settle:

@@ -138,12 +138,13 @@ def test_several_machines_are_refused(monkeypatch):
 
 
 SCRIPT = """
-import torch, torch.distributed as dist
+import os, torch, torch.distributed as dist
 import minidist  # registers "minidist"
 dist.init_process_group("minidist")
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
-print("rank", dist.get_rank(), dist.get_backend(), t.item())
+# one write per line: two ranks' prints, word by word, interleave on the shared pipe
+os.write(1, f"rank {dist.get_rank()} {dist.get_backend()} {t.item()}\\n".encode())
 dist.destroy_process_group()
 """
 
