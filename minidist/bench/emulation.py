@@ -48,11 +48,12 @@ import torch.nn.functional as F
 from ..collectives import all_reduce
 from ..launch import launch
 from ..models import mlp
+from ..notebook import quick_mode
 from ..parallel.data import DistributedDataParallel
 from ..transports.compute import Compute
 from ..transports.network import Link, Network
 from .emulation_scenarios import fidelity
-from .timing import add_common_arguments, best_of_rounds, format_table, quick_mode, save_outputs
+from .timing import add_common_arguments, best_of_rounds, format_table, save_outputs
 
 VARIANTS = ("local", "virtual, CPU time", "virtual, FLOPs")
 LINK = Link(alpha=10e-6, bandwidth=10e9, name="10 GB/s")

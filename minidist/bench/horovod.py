@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..launch import launch
-from .timing import add_common_arguments, best_of_rounds, format_table, quick_mode, save_outputs
+from ..notebook import quick_mode
+from .timing import add_common_arguments, best_of_rounds, format_table, save_outputs
 
 VARIANTS = ("hvd shm", "hvd gloo", "torch DDP")
 FULL = {"image": 224, "batches": 5, "iters": 3, "warmup": 2, "rounds": 3}

@@ -1,6 +1,5 @@
 """Shared pieces of the benchmarks: common options, timing loops, tables, the GPT presets'
-config, JSON and plots. (``quick_mode`` lives in ``minidist.notebook``; it is re-exported here
-only while lessons and exercises still import it from ``minidist.bench.timing``.)
+config, JSON and plots. (``quick_mode`` lives in ``minidist.notebook``.)
 
 Benchmarks measure; they never assert. Each one runs minidist and the real system side by
 side in one run, on the same machine at the same time, and reports ratios.
@@ -20,9 +19,6 @@ import numpy as np
 import torch
 
 from ..models import GPTConfig
-
-# The old path of quick_mode, kept until no lesson, exercise or bench imports it from here:
-from ..notebook import quick_mode  # noqa: F401
 
 
 def add_common_arguments(parser, quick_help: str, *, json_help: str = "write the results as JSON",

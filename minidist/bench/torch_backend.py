@@ -30,12 +30,12 @@ from torch import nn
 
 from ..launch import launch
 from ..models import mlp
+from ..notebook import quick_mode
 from .timing import (
     add_common_arguments,
     best_of_rounds,
     format_table,
     pyplot,
-    quick_mode,
     save_outputs,
 )
 
