@@ -10,6 +10,8 @@ position: the full logits must never travel)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -44,6 +46,7 @@ from .ranks import (
 )
 
 OPERATOR_WORLDS, MLP_WORLDS = (2, 4), (1, 2, 4)
+OPERATOR_NUMEL = math.prod(OPERATOR_SHAPE)
 F_NAME, G_NAME = "CopyToParallel", "ReduceFromParallel"
 
 
@@ -96,15 +99,20 @@ def _check_g(got: dict, rank: int, p: int, where: str) -> None:
 
 
 def _check_phases(calls: list, want: dict, who: str, where: str) -> None:
-    """Right values; the all-reduces on the side they belong (a check of communication:
-    e.g. an all-reduce of zeros added by mistake)."""
+    """Right values; then exactly the communication the operator needs: one all-reduce
+    (sum) of x's elements on its side, none on the other (so an all-reduce of zeros added
+    by mistake, an all-gather and a local sum, or one all-reduce per row all fail)."""
+    numel = OPERATOR_NUMEL
     for phase, n in want.items():
         made = [c for c in calls if c["phase"] == phase]
-        if len(made) != n:
-            raise Mistake(f"{where}: {who}'s {phase} called {len(made)} collective(s) "
-                          f"({collective_names(made)}); it needs {n}: "
-                          + ("f all-reduces only in backward" if who == "f"
-                             else "g all-reduces only in forward"))
+        right = len(made) == n and all(
+            c["name"] == "all_reduce" and c["numel"] == numel and c["op"] == "sum" for c in made)
+        if not right:
+            side = "backward" if who == "f" else "forward"
+            raise Mistake(f"{where}: the values are right, but {who}'s {phase} called "
+                          f"{collective_names(made)}; {who} needs exactly one md.all_reduce "
+                          f"(op=\"sum\") of x's {numel} elements ({8 * numel} bytes of "
+                          f"float64) in {side}, and no collective in the other direction")
 
 
 def check_copy_to_parallel(learner) -> str:
@@ -273,8 +281,30 @@ def check_vocab_parallel_cross_entropy(learner) -> str:
                               "Only per-position numbers "
                               f"need to ({logits.shape[0]} values each): the maximum, the sum "
                               "of exponentials and the target's logit")
+            if p > 1:
+                _check_ce_calls(got["calls"], logits.shape[0], where)
     return ("F.cross_entropy's loss and gradient from vocabulary slices, on 1, 2 and 4 ranks, "
-            "with logits near 800, and no collective larger than one value per position")
+            "with logits near 800; forward exactly one all-reduce (max) and the sums' 2 "
+            "values per position, backward none")
+
+
+def _check_ce_calls(calls: list, n: int, where: str) -> None:
+    """Exactly Megatron's communication: the maximum (one all-reduce, op max, one value per
+    position), then the sums of exponentials and the targets' logits (n values each, in two
+    all-reduces or one of 2n), in forward; nothing in backward."""
+    forward = [c for c in calls if c["phase"] == "forward"]
+    tops = [c for c in forward if c["name"] == "all_reduce" and c["op"] == "max"]
+    sums = [c for c in forward if c["name"] == "all_reduce" and c["op"] == "sum"]
+    right = (len(tops) == 1 and tops[0]["numel"] == n and len(tops) + len(sums) == len(forward)
+             and sum(c["numel"] for c in sums) == 2 * n and len(forward) == len(calls))
+    if not right:
+        backward = [c for c in calls if c["phase"] == "backward"]
+        raise Mistake(f"{where}: the loss and gradient are right, but forward called "
+                      f"{collective_names(forward)} and backward "
+                      f"{collective_names(backward)}; the loss needs exactly one md.all_reduce "
+                      f"(op=\"max\") of the {n} positions' maxima and sums of {2 * n} values "
+                      f"(the sum of exponentials and the target's logit, {n} each: "
+                      f"{8 * 3 * n} bytes in all), and backward none (g's is the identity)")
 
 
 def _check_loss(got, want, every_rank: list, where: str) -> None:

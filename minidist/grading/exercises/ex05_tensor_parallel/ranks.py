@@ -66,7 +66,8 @@ def ce_data() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Calls:
-    """Every collective call of this rank, with its size and the phase it was made in."""
+    """Every collective call of this rank, with its size, its op (all_reduce's, else "sum")
+    and the phase it was made in."""
 
     def __init__(self) -> None:
         self.phase, self.calls = "forward", []
@@ -75,7 +76,9 @@ class Calls:
 
     def _around(self, name: str):
         def around(original, comm, t, *args, **kwargs):
-            self.calls.append({"name": name, "phase": self.phase, "numel": _numel(t)})
+            op = kwargs.get("op", args[0] if args and name == "all_reduce" else "sum")
+            self.calls.append({"name": name, "phase": self.phase, "numel": _numel(t),
+                               "op": op if isinstance(op, str) else repr(op)})
             return original(comm, t, *args, **kwargs)
         return around
 
