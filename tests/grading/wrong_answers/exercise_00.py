@@ -174,6 +174,15 @@ WRONG = [
     from minidist.costmodel.collectives import Terms
     return Terms(1, nbytes).time(alpha, beta)
 """), {PREDICT: "minidist.costmodel.collectives.Terms is not allowed"}),
+    Wrong("predict_floor_division", EX, predict("    return alpha + nbytes // beta\n"),
+          {PREDICT: "nbytes // beta is floor division"}),
+    Wrong("predict_prints", EX, predict("    print(alpha + nbytes / beta)\n"),
+          {PREDICT: "returned None, expected the time in seconds (a float): return it"}),
+    Wrong("predict_beta_in_gigabytes", EX, predict("    return alpha + nbytes / (beta * 1e9)\n"),
+          {PREDICT: "beta is already in bytes per second, not GB/s"}),
+    Wrong("predict_alpha_in_microseconds", EX, predict(
+        "    return alpha * 1e-6 + nbytes / beta\n"),
+          {PREDICT: "alpha is already in seconds: do not scale it"}),
     Wrong("predict_numpy_scalar", EX, predict("    return np.float64(alpha) + nbytes / beta\n"),
           passes=True),
 ]

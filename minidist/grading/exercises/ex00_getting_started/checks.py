@@ -152,11 +152,12 @@ def _fit(got, case) -> tuple[float, float]:
 def check_predict_transfer_time(learner) -> str:
     labels = [f"nbytes={n}, alpha={a:g} s, beta={b:g} bytes/s" for n, a, b in PREDICT_CASES]
     results = learner.call_each("predict_transfer_time", list(PREDICT_CASES), labels)
-    for (n, a, b), case, got in zip(PREDICT_CASES, labels, results):
-        t, want = _number(got, case), a + n / b
+    times = [_number(got, case) for case, got in zip(labels, results)]
+    for (n, a, b), case, t in zip(PREDICT_CASES, labels, times):
+        want = a + n / b
         if not math.isclose(t, want, rel_tol=1e-9, abs_tol=1e-15):
             raise Mistake(f"with {case}: got {t:g} s, expected {want:g} s; "
-                          f"{predict_hint(t, n, a, b)}")
+                          f"{predict_hint(times, PREDICT_CASES)}")
     return f"alpha + nbytes / beta in {len(PREDICT_CASES)} cases"
 
 
@@ -165,5 +166,6 @@ def _number(got, case) -> float:
         got = got.item()
     if isinstance(got, bool) or not isinstance(got, (int, float)):
         raise Mistake(f"with {case}: predict_transfer_time returned {got!r:.80}, expected the "
-                      "time in seconds (a float)")
+                      "time in seconds (a float)"
+                      f"{': return it (a print returns None)' if got is None else ''}")
     return float(got)

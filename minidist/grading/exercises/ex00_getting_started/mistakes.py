@@ -32,6 +32,13 @@ def fit_hint(a, b, alpha, beta) -> str:
 PREDICT_MISTAKES = [  # (the time the mistake predicts for (nbytes, alpha, beta), hint)
     (lambda n, a, b: n / b,
      "the latency alpha is missing: every message pays it, however small"),
+    (lambda n, a, b: a,
+     "the transfer term nbytes / beta is missing (nbytes // beta is floor division: it "
+     "rounds the seconds down to a whole number, here 0; use /)"),
+    (lambda n, a, b: a * 1e-6 + n / b,
+     "alpha is already in seconds: do not scale it"),
+    (lambda n, a, b: a + n / (b * 1e9),
+     "beta is already in bytes per second, not GB/s: divide nbytes by beta itself"),
     (lambda n, a, b: a + n * b,
      "beta is a bandwidth in bytes per second: the size divided by it is seconds"),
     (lambda n, a, b: a + 8 * n / b, "nbytes and beta are both in bytes: no factor 8"),
@@ -42,9 +49,13 @@ PREDICT_MISTAKES = [  # (the time the mistake predicts for (nbytes, alpha, beta)
 ]
 
 
-def predict_hint(t, n, a, b) -> str:
-    return diagnose(PREDICT_MISTAKES, t, lambda mistake: mistake(n, a, b),
-                    same=lambda got, want: math.isclose(got, want, rel_tol=1e-6)) or \
+def predict_hint(times, cases) -> str:
+    """The hint of the known mistake that gives every one of ``times`` on ``cases`` (all
+    cases at once: in one case alone two mistakes can give the same time)."""
+    return diagnose(PREDICT_MISTAKES, times,
+                    lambda mistake: [mistake(n, a, b) for n, a, b in cases],
+                    same=lambda got, want: all(math.isclose(g, w, rel_tol=1e-6)
+                                               for g, w in zip(got, want))) or \
         "a message of n bytes takes alpha + n / beta seconds in the alpha-beta model"
 
 
