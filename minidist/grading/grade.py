@@ -74,7 +74,8 @@ def format_report(report: Report, verbose: bool = False) -> str:
         return f"{title}\n  not graded: {report.error}"
     rows = [("test", "points", "earned", "feedback")]
     for r in report.results:
-        gid = r["grade_id"] + (" (stretch)" if r.get("part") == "stretch" else "")
+        part = r.get("part", "core")
+        gid = r["grade_id"] + ("" if part == "core" else f" ({part})")
         rows.append((gid, str(r["points"]), str(r["earned"]), _clip(first_line(r["feedback"]))))
     w = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = [title]

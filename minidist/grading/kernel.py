@@ -57,6 +57,7 @@ def checker(exercise: str, limit: float = TEST_TIME_LIMIT):
 
 
 def verdict(result: dict) -> str:
-    score = f"{result['earned']}/{result['points']} points"
+    score = (f"{result['earned']}/{result['points']} points" if result["points"]
+             else "practice, no points")
     state = "passed" if result["passed"] else "FAILED"
     return f"{result['grade_id']}: {state}, {score}: {result['feedback']}"

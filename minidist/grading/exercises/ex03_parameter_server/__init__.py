@@ -17,7 +17,9 @@ from . import checks
 
 RULES = (PARAM_SERVER, COLLECTIVES, SENDRECV)
 EXERCISE = Exercise("03_parameter_server", (
-    GradedTest("test_sync_step", 4, ("sync_step",), checks.check_sync_step, RULES),
-    GradedTest("test_ssp_admits", 2, ("ssp_admits",), checks.check_ssp_admits, RULES),
+    GradedTest("test_sync_step", 6, ("sync_step",), checks.check_sync_step, RULES),
+    # practice: the rule is one line of the paper, quoted in the text above the cell
+    GradedTest("test_ssp_admits", 0, ("ssp_admits",), checks.check_ssp_admits, RULES,
+               part="practice"),
     GradedTest("test_ssp_serve", 4, ("ssp_serve",), checks.check_ssp_serve, RULES, part="stretch"),
 ))

@@ -15,11 +15,13 @@ from . import checks
 
 RULES = (TENSOR_PARALLEL,)
 EXERCISE = Exercise("05_tensor_parallel", (
-    GradedTest("test_shard_mlp", 2, ("shard_mlp",), checks.check_shard_mlp, RULES),
+    # practice: which slice each rank keeps is spelled out in the text above the cell
+    GradedTest("test_shard_mlp", 0, ("shard_mlp",), checks.check_shard_mlp, RULES,
+               part="practice"),
     GradedTest("test_copy_to_parallel", 2, (checks.F_NAME,), checks.check_copy_to_parallel, RULES),
     GradedTest("test_reduce_from_parallel", 2, (checks.G_NAME,),
                checks.check_reduce_from_parallel, RULES),
-    GradedTest("test_parallel_mlp", 4, ("parallel_mlp",), checks.check_parallel_mlp, RULES),
+    GradedTest("test_parallel_mlp", 6, ("parallel_mlp",), checks.check_parallel_mlp, RULES),
     GradedTest("test_vocab_parallel_cross_entropy", 3, ("vocab_parallel_cross_entropy",),
                checks.check_vocab_parallel_cross_entropy, RULES, part="stretch"),
 ))
