@@ -18,6 +18,10 @@ RIGHT_SCALE = """\
         return scale * growth_factor, 0
     return scale, growth_tracker
 """
+FINITE_SCALE = RIGHT_SCALE.replace("        return scale * growth_factor, 0\n", """\
+        grown = scale * growth_factor
+        return (grown if math.isfinite(grown) else scale), 0
+""")
 STEP_DEF = "def scaled_step(comm, optimizer, state):\n"
 GRADS = """\
     grads = [p.grad for group in optimizer.param_groups for p in group["params"]
@@ -135,9 +139,50 @@ WRONG = [
     if found_inf:
         return scale * backoff_factor, torch.tensor(0)
     if growth_tracker + 1 == growth_interval:
-        return scale * growth_factor, torch.tensor(0)
+        grown = scale * growth_factor
+        return torch.where(torch.isfinite(grown), grown, scale), torch.tensor(0)
     return scale, torch.tensor(growth_tracker + 1)
 """), passes=True),
+    Wrong("scale_grows_to_inf", EX, scale(RIGHT_SCALE),  # no check that the growth is finite
+          {SCALE: "with init_scale=8, growth_factor=inf, backoff_factor=0.5, growth_interval=2: "
+                  "at step 1 (found_inf=False, going in with scale=8, tracker=1) your update "
+                  "returned (scale=inf, tracker=0), torch's GradScaler (scale=8, tracker=0): "
+                  "grew to inf: scale * growth_factor (8 * inf) is not finite, and torch then "
+                  "keeps the scale"}),
+    Wrong("scale_inf_growth_keeps_tracker", EX, scale("""\
+    if found_inf:
+        return scale * backoff_factor, 0
+    growth_tracker += 1
+    if growth_tracker == growth_interval:
+        grown = scale * growth_factor
+        if math.isfinite(grown):
+            return grown, 0
+    return scale, growth_tracker
+"""), {SCALE: "kept the scale where scale * growth_factor is not finite, right, but returned "
+              "tracker=2: the count reached growth_interval=2, so the tracker starts again at "
+              "0 even though the scale could not grow"}),
+    Wrong("scale_backoff_divides", EX, scale(FINITE_SCALE.replace(
+        "scale * backoff_factor", "scale / backoff_factor")),
+        {SCALE: "at step 2003 (found_inf=True, going in with scale=131072, tracker=3) your "
+                "update returned (scale=262144, tracker=0), torch's GradScaler (scale=65536, "
+                "tracker=0): divided by backoff_factor=0.5 at an overflow, which grows the "
+                "scale: multiply by it",
+         STEP: "divided by backoff_factor=0.5 at an overflow",
+         MASTER: "divided by backoff_factor=0.5 at an overflow"}),
+    Wrong("scale_growth_checked_before_overflow", EX, scale("""\
+    growth_tracker += 1
+    if growth_tracker == growth_interval:
+        grown = scale * growth_factor
+        return (grown if math.isfinite(grown) else scale), 0
+    if found_inf:
+        return scale * backoff_factor, 0
+    return scale, growth_tracker
+"""), {SCALE: "with init_scale=8, growth_factor=2.0, backoff_factor=0.5, growth_interval=3: "
+              "at step 7 (found_inf=True, going in with scale=8, tracker=2) your update "
+              "returned (scale=16, tracker=0), torch's GradScaler (scale=4, tracker=0): grew "
+              "at an overflowing step (the tracker was at 2, one short of growth_interval=3, "
+              "and you counted this step): check found_inf first",
+       STEP: "grew at an overflowing step", MASTER: "grew at an overflowing step"}),
     # -- part 2: the agreement
     Wrong("agree_local_only", EX, LOCAL,
           {AGREE: "ranks disagreed with world_size=2, only rank 0 found an inf: rank 0 "
@@ -169,6 +214,72 @@ WRONG = [
     md.all_reduce(comm, flag)
     return flag.item() > 0
 """), passes=True),
+    Wrong("agree_all_gather_any", EX, agree("""\
+    flags = md.all_gather(comm, torch.tensor([float(found_inf)]))
+    return bool(flags.max() > 0)
+"""), {AGREE: "with world_size=2, no rank found an inf: the answers were right, but rank 0 "
+              "called md.all_gather of 1 value, where exactly one md.all_reduce of one value "
+              "(op=\"max\", or a sum > 0) gives every rank the answer"}),
+    Wrong("agree_broadcast_from_rank_0", EX, agree("""\
+    flag = torch.tensor([float(found_inf)])
+    md.broadcast(comm, flag, src=0)
+    return bool(flag.item())
+"""), {AGREE: "with world_size=2, only rank 1 found an inf: every rank returned False, "
+              "expected True: a broadcast hands every rank the src rank's flag and drops the "
+              "others'",
+       STEP: "did not skip the step at overflow", MASTER: "did not skip the step at overflow"}),
+    Wrong("agree_returns_local_flag", EX, agree("""\
+    flag = torch.tensor([float(found_inf)])
+    md.all_reduce(comm, flag, op="max")
+    return found_inf
+"""), {AGREE: "Your md.all_reduce of the flag ran, but what the ranks returned is not its "
+              "result: return the reduced tensor's value",
+       STEP: "ranks disagreed on skipping at step 3", MASTER: "ranks disagreed on skipping"}),
+    Wrong("agree_all_reduce_then_broadcast", EX, agree("""\
+    flag = torch.tensor([float(found_inf)])
+    md.all_reduce(comm, flag, op="max")
+    md.broadcast(comm, flag, src=0)  # to be sure every rank holds the same flag
+    return bool(flag.item())
+"""), {AGREE: "rank 0 called md.all_reduce of 1 value (op='max'), md.broadcast of 1 value, "
+              "where exactly one md.all_reduce of one value"}),
+    Wrong("agree_one_slot_per_rank", EX, agree("""\
+    flags = torch.zeros(comm.world_size)
+    flags[comm.rank] = float(found_inf)
+    md.all_reduce(comm, flags)
+    return bool(flags.any())
+"""), {AGREE: "rank 0 called md.all_reduce of 2 values (op='sum'): the flag is one value (1.0 "
+              "or 0.0) whatever the world size"}),
+    Wrong("agree_sum_equals_one", EX, agree("""\
+    flag = torch.tensor([float(found_inf)])
+    md.all_reduce(comm, flag)
+    return flag.item() == 1.0
+"""), {AGREE: "with world_size=2, every rank found an inf: every rank returned False, "
+              "expected True: max over the ranks (or a sum > 0) is True when ANY rank found "
+              "one"}),
+    Wrong("agree_by_hand_through_rank_0", EX, agree("""\
+    flag = torch.tensor([float(found_inf)])
+    if comm.rank == 0:
+        buf = torch.zeros(1)
+        for src in range(1, comm.world_size):
+            comm.recv(buf, src)
+            flag = torch.maximum(flag, buf)
+        for dst in range(1, comm.world_size):
+            comm.send(flag, dst)
+    else:
+        comm.send(flag, 0)
+        comm.recv(flag, 0)
+    return bool(flag.item())
+"""), {AGREE: "rank 0 called no md collective and sent 1 message(s) by hand: agreeing on a "
+              "flag is one collective"}),
+    Wrong("agree_only_ranks_that_found", EX, agree("""\
+    flag = torch.tensor([float(found_inf)])
+    if found_inf:  # only a rank with news has to tell the others
+        md.all_reduce(comm, flag, op="max")
+    return bool(flag.item())
+"""), {AGREE: "with world_size=2, only rank 1 found an inf: rank 1 returned from its function "
+              "while rank 0 waited for it in a collective", STEP: "deadlock",
+       MASTER: "ranks disagreed on skipping at step 3"},
+        timeout=60.0),
     # -- part 3: the step
     Wrong("step_not_skipped", EX, step(GRADS + """\
     found_inf = agree_found_inf(comm, any(not torch.isfinite(g).all() for g in grads))

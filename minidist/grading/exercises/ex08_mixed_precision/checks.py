@@ -44,9 +44,10 @@ def check_update_scale(learner) -> str:
                     reset_on_growth))
             reset_on_growth |= not flags[k] and g[0] > before[0] and g[1] == 0
             before = g
-    return ("torch.amp.GradScaler's scale and growth tracker at every step of 3 sequences "
+    return ("torch.amp.GradScaler's scale and growth tracker at every step of 4 sequences "
             "with overflows (torch's defaults over 4010 steps, growth_interval 3 and 2, "
-            "other growth and backoff factors)")
+            "other growth and backoff factors, a growth_factor of inf that must not be "
+            "applied)")
 
 
 # -- part 2: the agreement -------------------------------------------------------------------
@@ -64,16 +65,57 @@ def _flags_text(flags: list[int]) -> str:
 
 
 def check_agree_found_inf(learner) -> str:
-    worlds = {p: [(c,) for c in _agree_cases(p)] for p in AGREE_WORLDS}
+    worlds, judged = {p: [(c,) for c in _agree_cases(p)] for p in AGREE_WORLDS}, []
     for _, (flags,), label, results in learner.each_world(
             agree_case, "agree_found_inf", worlds,
             lambda p, flags: f"world_size={p}, {_flags_text(flags)}"):
-        _judge_agreement([r["value"] for r in results], flags, label)
+        calls = [r["value"]["calls"] for r in results]
+        _judge_agreement([r["value"]["flag"] for r in results], flags, label, calls)
+        judged.append((results, calls, label))
+    for results, calls, label in judged:  # the values first: a wrong answer's hint names them
+        _judge_calls(results, calls, label)
     return ("every rank returns True exactly when some rank found an inf, on 1 to 4 ranks, "
-            "whichever rank it is")
+            "whichever rank it is, with exactly one md.all_reduce of one value")
 
 
-def _judge_agreement(got: list, flags: list[int], label: str) -> None:
+def _one_all_reduce(calls: list[dict]) -> bool:
+    return len(calls) == 1 and calls[0]["name"] == "all_reduce" and calls[0]["numel"] == 1
+
+
+def _calls_text(calls: list[dict]) -> str:
+    return ", ".join(f"md.{c['name']} of {c['numel']} value{'s' * (c['numel'] != 1)}"
+                     + (f" (op={c['op']!r})" if c["name"] == "all_reduce" else "")
+                     for c in calls) or "no md collective"
+
+
+def _judge_calls(results: list[dict], calls: list[list[dict]], label: str) -> None:
+    """Exactly one md.all_reduce of one value on every rank (on one rank there is nothing
+    to agree on: no call is needed)."""
+    if len(results) == 1:
+        return
+    for r, mine in enumerate(calls):
+        if _one_all_reduce(mine):
+            continue
+        sent = sum(results[r]["traffic"]["messages_to"].values())
+        head = (f"with {label}: the answers were right, but rank {r} called "
+                f"{_calls_text(mine)}")
+        if not mine:
+            raise Mistake(f"{head} and sent {sent} message(s) by hand: agreeing on a flag "
+                          "is one collective, md.all_reduce(comm, flag, op=\"max\") on a "
+                          "one-element tensor, which the library runs in the fewest steps")
+        if any(c["name"] != "all_reduce" for c in mine):
+            raise Mistake(f"{head}, where exactly one md.all_reduce of one value (op=\"max\", "
+                          "or a sum > 0) gives every rank the answer: a gather or broadcast "
+                          "on top of it, or in its place, costs more latency and bytes "
+                          "every step")
+        if len(mine) > 1:
+            raise Mistake(f"{head}: one all-reduce of the flag suffices; every extra one "
+                          "is another collective's latency at every step")
+        raise Mistake(f"{head}: the flag is one value (1.0 or 0.0) whatever the world "
+                      "size; all-reduce a one-element tensor, not one slot per rank")
+
+
+def _judge_agreement(got: list, flags: list[int], label: str, calls: list) -> None:
     for r, g in enumerate(got):
         if isinstance(g, dict):
             raise Mistake(f"with {label}: rank {r} returned {g['returned']}; return a bool")
@@ -83,12 +125,21 @@ def _judge_agreement(got: list, flags: list[int], label: str) -> None:
     if said_true and said_false:
         raise Mistake(f"ranks disagreed with {label}: {ranks_text(said_true)} returned True, "
                       f"{ranks_text(said_false)} returned False, so some would skip the step "
-                      "and others take it, and the replicas diverge for good. All-reduce "
-                      "found_inf with op=\"max\" so that every rank gets the same answer")
+                      "and others take it, and the replicas diverge for good. "
+                      + ("Your md.all_reduce of the flag ran, but what the ranks returned "
+                         "is not its result: return the reduced tensor's value "
+                         "(md.all_reduce works in place), not the local found_inf"
+                         if all(map(_one_all_reduce, calls)) else
+                         "All-reduce found_inf with op=\"max\" so that every rank gets the "
+                         "same answer"))
     if bool(got[0]) != want:
         hint = ("max over the ranks (or a sum > 0) is True when ANY rank found one; min is "
                 "True only when all did" if want else
                 "True only when some rank found an inf or NaN")
+        if want and any(c["name"] == "broadcast" for c in calls[0]) and \
+                not any(c["name"] == "all_reduce" for c in calls[0]):
+            hint = ("a broadcast hands every rank the src rank's flag and drops the "
+                    "others': " + hint)
         raise Mistake(f"with {label}: every rank returned {bool(got[0])}, expected {want}: "
                       f"{hint}")
 

@@ -6,6 +6,8 @@ declared as the factor the update is off by."""
 
 from __future__ import annotations
 
+import math
+
 from ...engine.compare import Tolerance
 from ...engine.diagnose import diagnose
 from .ranks import initial_shard, scaled_grad, true_grad
@@ -29,16 +31,26 @@ def schedule_mistake(k: int, before: tuple[float, int], found_inf: bool, got, wa
             f"your update returned (scale={_n(s)}, tracker={t}), torch's GradScaler "
             f"(scale={_n(ws)}, tracker={wt})")
     if found_inf:
-        return f"{head}: {_overflow_hint(s0, t0, s, t, backoff, reset_on_growth)}"
+        return f"{head}: {_overflow_hint(s0, t0, s, t, factors, reset_on_growth)}"
     return f"{head}: {_clean_hint(s0, t0, s, t, ws, factors)}"
 
 
-def _overflow_hint(s0, t0, s, t, backoff, reset_on_growth) -> str:
+def _overflow_hint(s0, t0, s, t, factors, reset_on_growth) -> str:
+    growth, backoff, interval = factors
     if s != s0 * backoff:
         if s == s0:
             return ("did not back off at an overflow: when found_inf is True the scale is "
                     f"multiplied by backoff_factor ({_n(backoff)}), so that the next step's "
                     "gradients fit")
+        if s == s0 * growth and t == 0 and t0 + 1 == interval:
+            return (f"grew at an overflowing step (the tracker was at {t0}, one short of "
+                    f"growth_interval={interval}, and you counted this step): check "
+                    "found_inf first (an overflow backs off and resets the tracker), and "
+                    "count and grow only on a clean step")
+        if s == s0 / backoff:
+            return (f"divided by backoff_factor={_n(backoff)} at an overflow, which grows "
+                    "the scale: multiply by it (scale * backoff_factor), so that the next "
+                    "step's gradients fit")
         if s == s0 * 0.5 and backoff != 0.5:
             return (f"backed off by 0.5, not by backoff_factor={_n(backoff)}: use the "
                     "argument, not torch's default")
@@ -59,6 +71,15 @@ def _overflow_hint(s0, t0, s, t, backoff, reset_on_growth) -> str:
 def _clean_hint(s0, t0, s, t, ws, factors) -> str:
     growth, backoff, interval = factors
     clean = t0 + 1  # clean steps in a row, this one included
+    if clean == interval and not math.isfinite(s0 * growth):
+        if not math.isfinite(s):
+            return (f"grew to {_n(s)}: scale * growth_factor ({_n(s0)} * {_n(growth)}) is not "
+                    "finite, and torch then keeps the scale (an inf scale makes every "
+                    "gradient inf and every step skip): grow only if math.isfinite(grown)")
+        if s == ws and t != 0:
+            return (f"kept the scale where scale * growth_factor is not finite, right, but "
+                    f"returned tracker={t}: the count reached growth_interval={interval}, so "
+                    "the tracker starts again at 0 even though the scale could not grow")
     if s == s0 * growth and ws == s0:
         return (f"grew after {clean} clean steps (growth_interval={interval}): the tracker "
                 "must reach growth_interval: add this step to it first, then grow when it "

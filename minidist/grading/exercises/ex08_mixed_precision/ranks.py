@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from ....collectives import api
 from ...engine.data import flag_value
+from ...engine.sandbox import observe
 
 SCHEDULE_CASES = [  # (label, init_scale, growth_factor, backoff_factor, growth_interval, flags)
     ("torch's defaults (init_scale=65536, growth_factor=2.0, backoff_factor=0.5, "
@@ -24,6 +26,9 @@ SCHEDULE_CASES = [  # (label, init_scale, growth_factor, backoff_factor, growth_
      3, [0, 0, 0, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0]),
     ("init_scale=16, growth_factor=3.0, backoff_factor=0.25, growth_interval=2", 16.0, 3.0,
      0.25, 2, [0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0]),
+    # scale * growth_factor is inf: torch keeps the scale, and still resets the tracker
+    ("init_scale=8, growth_factor=inf, backoff_factor=0.5, growth_interval=2", 8.0,
+     float("inf"), 0.5, 2, [0, 0, 0, 1, 0, 0, 0, 0, 1]),
 ]
 SHARD = 4  # parameters per rank
 STEP_PLAN = {"steps": 10, "lr": 0.25, "momentum": 0.9, "init_scale": 1024.0,
@@ -84,9 +89,43 @@ def schedule_run(namespace, init, growth, backoff, interval, flags) -> list:
     return out
 
 
-def agree_case(comm, namespace, flags: list[int]):
-    """The learner's agree_found_inf on this rank, given this rank's own flag."""
-    return flag_value(namespace["agree_found_inf"](comm, bool(flags[comm.rank])))
+COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "reduce", "gather", "scatter",
+               "reduce_scatter", "all_to_all", "all_reduce_coalesced")
+
+
+def _numel(t) -> int:
+    try:
+        if isinstance(t, (list, tuple)):
+            return sum(int(torch.as_tensor(x).numel()) for x in t)
+        return int(torch.as_tensor(t).numel())
+    except (TypeError, ValueError, RuntimeError):
+        return -1
+
+
+def record_calls() -> list[dict]:
+    """From now on in this process, every md collective call (however imported) appends
+    {"name", "numel", "op"} to the list returned."""
+    calls: list[dict] = []
+
+    def around_of(name: str):
+        def around(original, comm, t, *args, **kwargs):
+            op = kwargs.get("op", args[0] if args and name == "all_reduce" else "sum")
+            calls.append({"name": name, "numel": _numel(t),
+                          "op": op if isinstance(op, str) else repr(op)})
+            return original(comm, t, *args, **kwargs)
+        return around
+
+    for name in COLLECTIVES:
+        observe(getattr(api, name), around_of(name))
+    return calls
+
+
+def agree_case(comm, namespace, flags: list[int]) -> dict:
+    """The learner's agree_found_inf on this rank, given this rank's own flag: what it
+    returned and the md collectives it called."""
+    calls = record_calls()
+    value = flag_value(namespace["agree_found_inf"](comm, bool(flags[comm.rank])))
+    return {"flag": value, "calls": list(calls)}
 
 
 # -- a training loop's steps on each rank ----------------------------------------------------
