@@ -176,6 +176,39 @@ WRONG = [
         clocks[w] += 1
         comm.send(params, w)
 """), {SERVE: "more than s = 0"}),
+    Wrong("serve_receives_in_turn", EX, serve("""\
+    clocks = {w: 0 for w in range(1, comm.world_size)}
+    held, grad = [], torch.empty_like(params)
+    for k in range(steps * len(clocks)):
+        w = 1 + k % len(clocks)  # each worker in turn
+        comm.recv(grad, w)
+        params -= lr * grad
+        clocks[w] += 1
+        held.append(w)
+""" + RELEASE), {SERVE: "the server received from rank 1 by name (src=1)"}),
+    Wrong("serve_adds_the_push", EX, serve(SERVE_HEAD + """\
+        params += lr * grad
+        clocks[w] += 1
+        held.append(w)
+""" + RELEASE), {SERVE: "the update goes against the gradient, params -= lr * grad"}),
+    Wrong("serve_replies_with_the_gradient", EX, serve(SERVE_HEAD + """\
+        params -= lr * grad
+        clocks[w] += 1
+        held.append(w)
+        for v in list(held):
+            if admits(clocks[v], list(clocks.values()), staleness):
+                held.remove(v)
+                comm.send(grad, v)
+"""), {SERVE: "not the parameters: reply with params"}),
+    Wrong("serve_removes_while_iterating", EX, serve(SERVE_HEAD + """\
+        params -= lr * grad
+        clocks[w] += 1
+        held.append(w)
+        for v in held:  # removing from the list it walks skips the next worker
+            if admits(clocks[v], list(clocks.values()), staleness):
+                held.remove(v)
+                comm.send(params, v)
+"""), {SERVE: "walk a copy, list(held)"}),
     Wrong("serve_polls_with_test", EX, serve("""\
     clocks = {w: 0 for w in range(1, comm.world_size)}
     held, grad = set(), torch.empty_like(params)

@@ -86,11 +86,12 @@ def sync_hint(got, start, grads, lr, tol: Tolerance) -> str:
             "twice?)")
 
 
-def ssp_mistakes(got, start, expected, pushes, tol: Tolerance) -> str | None:
+def ssp_mistakes(got, start, expected, pushes, tol: Tolerance, gradient=None) -> str | None:
     """The known mistake an SSP server's reply (``got``, flat float64) shows, given the
     initial parameters, the parameters every push so far makes (``expected``) and
     ``pushes``: (the (worker, step) of every push applied so far, the number of workers,
-    ``without(w, k)``: the parameters with that one push left out)."""
+    ``without(w, k)``: the parameters with that one push left out); ``gradient(w, k)``, if
+    given, is that push's gradient (a reply of a gradient instead of the parameters)."""
     applied, workers, without = pushes
     total = start - expected
     known = [(lambda w=w, k=k: without(w, k),
@@ -101,4 +102,12 @@ def ssp_mistakes(got, start, expected, pushes, tol: Tolerance) -> str | None:
                f"each push was divided by {n}: in asynchronous training there is no step to "
                "average over; apply each push alone, params -= lr * grad")
               for n in {workers, workers + 1}]
+    known.append((lambda: start + total,
+                  "each push was added: the update goes against the gradient, "
+                  "params -= lr * grad"))
+    if gradient is not None:
+        known += [(lambda w=w, k=k: gradient(w, k),
+                   f"that is the gradient worker {w} pushed at step {k + 1}, not the "
+                   "parameters: reply with params (after the update)")
+                  for w, k in applied]
     return diagnose(known, got, tol=tol)

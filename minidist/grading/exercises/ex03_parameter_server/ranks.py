@@ -170,7 +170,9 @@ class Probe:
                         f"{self.pushes[w]} - {self._slowest()} = {self._lead(w)} <= s = "
                         f"{self.staleness}. After every push, reply to each worker you hold "
                         "back that the rule now admits, not only to the one that pushed; "
-                        "else it waits forever")
+                        "else it waits forever (to remove workers from the list you walk, "
+                        "walk a copy, list(held): removing from the list itself skips the "
+                        "next one)")
         if any(self.pushes[w] == self.replies[w] < self.steps for w in self.workers):
             return  # a worker is computing: its push will come
         waiting = ", ".join(str(w) for w in held)
@@ -252,7 +254,7 @@ class Probe:
             return f"a tensor of {DIM} float64 values was expected"
         pushes = (self._applied(), len(self.workers),
                   lambda w, k: self.expected + self.lr * gradient(w, k))
-        hint = ssp_mistakes(got, initial(), self.expected, pushes, TOLERANCE)
+        hint = ssp_mistakes(got, initial(), self.expected, pushes, TOLERANCE, gradient)
         return hint or (f"they differ by up to {(got - self.expected).abs().max().item():.3g} "
                         "from the initial parameters minus lr times every gradient received "
                         "so far")
@@ -291,9 +293,14 @@ class Probe:
                                     f"{self.pushes[w]} of its {self.steps} steps: return only "
                                     "once every worker has pushed steps times and every push "
                                     "has had its reply")
+        for w in self.workers:  # every worker has pushed steps times: the rule admits all
             if self.replies[w] < self.pushes[w]:
-                raise ProtocolError(f"ssp_serve returned while worker {w} still waits for "
-                                    f"its reply to the push of step {self.pushes[w]}")
+                raise ProtocolError(
+                    f"ssp_serve returned while worker {w} still waits for its reply to the "
+                    f"push of step {self.pushes[w]}, although the rule lets it go (every "
+                    "clock is at steps now): after every push, reply to each worker you hold "
+                    "that the rule admits (to remove workers from the list you walk, walk a "
+                    "copy, list(held): removing from the list itself skips the next one)")
 
 
 def _steps(n: int) -> str:
