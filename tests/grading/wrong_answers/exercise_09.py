@@ -157,6 +157,46 @@ WRONG = [
     left[idx] = 0
     return [out / comm.world_size, left]
 """), passes=True),
+    Wrong("topk_written_not_added", EX, topk(RIGHT_TOPK.replace(
+        "summed.index_add_(0, all_idx.reshape(-1), all_values.reshape(-1))",
+        "summed[all_idx.reshape(-1)] = all_values.reshape(-1)")),
+        {TOPK: "where several ranks chose the same index, only one rank's value arrived: the "
+               "entries were written (out[idx] = values), so each overwrote the one before"}),
+    Wrong("topk_sends_grad_values", EX, topk(RIGHT_TOPK.replace(
+        "values = corrected[idx]", "values = grad[idx]")),
+        {TOPK: "step 1: rank 0's averaged gradient: 6 of 64 values differ: [18] = -0.881661 "
+               "(expected -1.87062), [19] = -0.796019 (expected -0.334424), [30] = "
+               "-0.815734 (expected -1.39195) ...: the right indices, but the values sent are "
+               "the gradient's: send the corrected values, grad + residual"}),
+    Wrong("topk_residual_minus_average", EX, topk(RIGHT_TOPK.replace(
+        "    new_residual = corrected.clone()\n    new_residual[idx] = 0.0\n", "").replace(
+        "    return summed / comm.world_size, new_residual\n", """\
+    averaged = summed / comm.world_size
+    return averaged, corrected - averaged
+""")), {TOPK: "new_residual = (grad + residual) - this rank's own sparse vector (not the "
+              "average)"}),
+    Wrong("topk_residual_from_grad", EX, topk("""\
+    corrected = grad + residual
+    idx = torch.topk(corrected.abs(), k).indices
+    sparse = torch.zeros_like(grad)
+    sparse[idx] = corrected[idx]
+    new_residual = grad - sparse
+    all_idx = md.all_gather(comm, idx)
+    all_values = md.all_gather(comm, sparse[idx])
+    summed = torch.zeros_like(grad)
+    summed.index_add_(0, all_idx.reshape(-1), all_values.reshape(-1))
+    return summed / comm.world_size, new_residual
+"""), {TOPK: "the residual was not carried to the next step: the new residual dropped the "
+             "residual handed in; new_residual = grad + residual - sent"}),
+    Wrong("topk_all_gather_dense", EX, topk("""\
+    corrected = grad + residual
+    idx = torch.topk(corrected.abs(), k).indices
+    sparse = torch.zeros_like(grad)
+    sparse[idx] = corrected[idx]
+    everyone = md.all_gather(comm, sparse)  # (p, n): the zeros travel too
+    return everyone.mean(0), corrected - sparse
+"""), {TOPK: "with world_size=2, n=64, k=4: the ranks sent 4096 bytes in all over 4 steps, "
+             "where exchanging each rank's k=4 values and k indices moves exactly 512"}),
     # -- part 3 (stretch): PowerSGD
     Wrong("power_no_orthonormalisation", EX, power(RIGHT_POWER.replace(
         "    P = torch.linalg.qr(P).Q\n", "")),
@@ -172,6 +212,28 @@ WRONG = [
     Wrong("power_q_not_averaged", EX, power(RIGHT_POWER.replace(
         '    md.all_reduce(comm, Q, op="avg")\n', "")),
         {POWER: "Q = M^T P was not averaged over the ranks"}),
+    Wrong("power_orthonormalised_before_average", EX, power("""\
+    P = torch.linalg.qr(M @ Q).Q.contiguous()
+    md.all_reduce(comm, P, op="avg")
+    Q = M.T @ P
+    md.all_reduce(comm, Q, op="avg")
+    return P @ Q.T, Q
+"""), {POWER: "each rank orthonormalised its own P before averaging: all-reduce (average) P "
+              "first, then orthonormalise"}),
+    Wrong("power_sum_not_average", EX, power(RIGHT_POWER.replace('op="avg"', 'op="sum"')),
+          {POWER: "the sum, not the average: divide the all-reduced P and Q by world_size"}),
+    Wrong("power_p_not_averaged", EX, power(RIGHT_POWER.replace(
+        '    md.all_reduce(comm, P, op="avg")\n', "")),
+        {POWER: "P = M Q was not averaged over the ranks before it was orthonormalised"}),
+    Wrong("power_returns_transpose", EX, power(RIGHT_POWER.replace(
+        "return P @ Q.T, Q", "return Q @ P.T, Q")),
+        {POWER: "that is M_hat transposed: M_hat = P Q^T has M's shape (12, 8)"}),
+    Wrong("power_complete_qr", EX, power(RIGHT_POWER.replace(
+        "torch.linalg.qr(P).Q", 'torch.linalg.qr(P, mode="complete").Q')),
+        {POWER: "P was orthonormalised with a complete QR"}),
+    Wrong("power_all_reduces_q_first", EX, power("""\
+    md.all_reduce(comm, Q, op="avg")  # every rank must start from the same Q
+""" + RIGHT_POWER), {POWER: "only P and Q travel, each all-reduced once"}),
     Wrong("power_torch_hook", EX, power("""\
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as h
     state = h.PowerSGDState(process_group=None, matrix_approximation_rank=Q.shape[1])

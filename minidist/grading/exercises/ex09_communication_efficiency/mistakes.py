@@ -100,6 +100,12 @@ def avg_hint(avg, grads, res_in, at: tuple, runs, grads_of) -> str:
     want, _, sent = topk_reference(grads, res_in, k)
     own = ("that is this rank's own sparse gradient only: exchange the k values and their "
            "indices with every rank (md.all_gather) and add them all up")
+    def overwritten():  # each rank's entries written in turn, the last rank's kept
+        out = torch.zeros_like(want)
+        for s in sent:
+            out[s != 0] = s[s != 0]
+        return out / world
+
     known = [  # (the average the mistake gives; None where it cannot show, hint)
         (lambda: world * want if world > 1 else None,
          "the result is the sum of the ranks' sparse gradients, not their average: divide by "
@@ -120,6 +126,10 @@ def avg_hint(avg, grads, res_in, at: tuple, runs, grads_of) -> str:
          "the right indices, but the values sent are the gradient's: send the corrected "
          "values, grad + residual, at those indices"),
         (sent[rank], own), (lambda: sent[rank] / world, own),
+        (lambda: overwritten() if world > 1 else None,
+         "where several ranks chose the same index, only one rank's value arrived: the "
+         "entries were written (out[idx] = values), so each overwrote the one before. Add "
+         "them up: out.index_add_(0, idx, values)"),
     ]
     return diagnose(known, avg, tol=TOLERANCE) or (
         "each rank keeps the k entries of largest |grad + residual|; the result is the "
@@ -167,10 +177,21 @@ POWER_MISTAKES = [  # (the variant of ``ranks.powersgd_reference`` that replays 
     ("sum", "the sum, not the average: divide the all-reduced P and Q by world_size"),
     ("local_q", "Q = M^T P was not averaged over the ranks, so M_hat approximates this "
                 "rank's M, not the average of every rank's"),
+    ("local_p", "P = M Q was not averaged over the ranks before it was orthonormalised: each "
+                "rank projected onto the basis of its own M, so the ranks' P differ and Q's "
+                "average mixes them. All-reduce (average) P, then orthonormalise"),
+    ("complete", "P was orthonormalised with a complete QR (m columns, a basis of the whole "
+                 "space, so nothing is compressed and Q has m columns too): take the reduced "
+                 "QR, torch.linalg.qr(P).Q, r columns"),
 ]
 
 
 def power_hint(approx, Ms, Q, rank: int) -> str:
+    want = powersgd_reference(Ms, Q, rank)[0]
+    if isinstance(approx, torch.Tensor) and approx.shape == want.T.shape and \
+            approx.shape != want.shape and close(approx.T, want):
+        return (f"that is M_hat transposed: M_hat = P Q^T has M's shape {tuple(want.shape)} "
+                "(P is m x r, Q is n x r), not Q P^T")
     return diagnose(POWER_MISTAKES, approx,
                     lambda variant: powersgd_reference(Ms, Q, rank, variant)[0],
                     tol=TOLERANCE) or \

@@ -136,12 +136,19 @@ def powersgd_reference(Ms, Q, rank: int = 0, variant: str = "right"):
     """(M_hat, new Q) of one PowerSGD step over the ranks' ``Ms`` from the shared ``Q``, on
     ``rank``; ``variant`` replays a known mistake: "no_orth" (P not orthonormalised),
     "orth_before_avg" (each rank orthonormalises its own P, then averages), "sum" (sums, not
-    averages), "local_q" (Q not averaged)."""
+    averages), "local_q" (Q not averaged), "local_p" (P not averaged), "complete" (P
+    orthonormalised by a complete QR: m columns)."""
     p = len(Ms)
     scale = 1.0 if variant == "sum" else 1.0 / p
     Ps = [M @ Q for M in Ms]
     if variant == "orth_before_avg":
         P = sum(orthonormal(x) for x in Ps) * scale
+    elif variant == "local_p":  # each rank its own basis, in Q's average too
+        P = orthonormal(Ps[rank])
+        new_q = sum(M.T @ orthonormal(x) for M, x in zip(Ms, Ps)) * scale
+        return P @ new_q.T, new_q
+    elif variant == "complete":
+        P = torch.linalg.qr(sum(Ps) * scale, mode="complete").Q
     else:
         P = sum(Ps) * scale
         P = P if variant == "no_orth" else orthonormal(P)
