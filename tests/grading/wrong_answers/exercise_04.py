@@ -176,3 +176,130 @@ WRONG = [
         "    for kind, i in [(k, j) for k in 'FB' for j in range(microbatches)]:\n"),
         {STEP: "run them in their order"}),
 ]
+
+# -- more wrong answers (issue 27: ten per graded test) -------------------------------------------
+SEND = """\
+    if r < p - 1:
+        pending.append(comm.isend(out.detach(), r + 1))
+    return x, out
+"""
+SEND_BACK = """\
+    if r > 0:
+        pending.append(comm.isend(inp.grad, r - 1))
+"""
+WRONG += [
+    Wrong("sched_warmup_ignores_rank", EX, schedule(
+        "    warmup = min(stages - 1, microbatches)\n" + STEADY),
+        {SCHED: "where the bound is p - r = 3"}),
+    Wrong("sched_steady_newest_backward", EX, schedule("""\
+    warmup = min(stages - rank - 1, microbatches)
+    actions = [("F", i) for i in range(warmup)]
+    for i in range(warmup, microbatches):
+        actions += [("F", i), ("B", i)]
+    return actions + [("B", i) for i in range(warmup)]
+"""), {SCHED: "so every stage must backward in the same order"}),
+    Wrong("sched_strings", EX, schedule("""\
+    warmup = min(stages - rank - 1, microbatches)
+    actions = [f"F{i}" for i in range(warmup)]
+    for i in range(warmup, microbatches):
+        actions += [f"F{i}", f"B{i - warmup}"]
+    return actions + [f"B{i}" for i in range(microbatches - warmup, microbatches)]
+"""), {SCHED: "each action is a pair ('F', i) or ('B', i)"}),
+    Wrong("fwd_recv_from_next", EX, forward("""\
+    if r > 0:
+        comm.recv(x, (r + 1) % p)
+        x.requires_grad_()
+    out = module(x)
+""" + SEND), {FWD: "the activation comes from the previous stage",
+      STEP: "waits in `comm.recv(x, (r + 1) % p)`"}),
+    Wrong("fwd_recv_any_source", EX, forward("""\
+    if r > 0:
+        comm.recv(x)
+        x.requires_grad_()
+    out = module(x)
+""" + SEND), {FWD: "from md.ANY_SOURCE (-1): the activation comes from the previous stage",
+      STEP: "pipeline_step receives from md.ANY_SOURCE (-1)"}),
+    Wrong("fwd_stage0_receives", EX, forward("""\
+    comm.recv(x, r - 1)
+    x.requires_grad_()
+    out = module(x)
+""" + SEND), {FWD: "stage 0 receives nothing: its x is the micro-batch itself",
+      STEP: "pipeline_step receives from md.ANY_SOURCE (-1)"}),
+    Wrong("fwd_returns_out_only", EX, forward(RECEIVE + """\
+    out = module(x)
+    if r < p - 1:
+        pending.append(comm.isend(out.detach(), r + 1))
+    return out
+"""), {FWD: "expected (inp, out)", STEP: "too many values to unpack"}),
+    Wrong("fwd_under_no_grad", EX, forward(RECEIVE + """\
+    with torch.no_grad():
+        out = module(x)
+""" + SEND), {FWD: "is not part of autograd's graph", STEP: "does not require grad"}),
+    Wrong("fwd_request_not_kept", EX, forward(RECEIVE + """\
+    out = module(x)
+    if r < p - 1:
+        comm.isend(out.detach(), r + 1)
+    return x, out
+"""), {FWD: "started 1 isend(s) but put 0 request(s) in pending",
+      STEP: "never waited for"}),
+    Wrong("fwd_sends_its_input", EX, forward(RECEIVE + """\
+    out = module(x)
+    if r < p - 1:
+        pending.append(comm.isend(x.detach(), r + 1))
+    return x, out
+"""), {FWD: "is not the activation stage 0 computed",
+      STEP: "but the batch's loss is"}),
+    Wrong("fwd_sends_twice", EX, forward(RECEIVE + """\
+    out = module(x)
+    if r < p - 1:
+        pending.append(comm.isend(out.detach(), r + 1))
+        pending.append(comm.isend(out.detach(), r + 1))
+    return x, out
+"""), {FWD: "sent 2 messages to rank 1: send its output once, one message per micro-batch",
+      STEP: "MessageMismatchError"}),
+    Wrong("bwd_recv_from_previous", EX, backward("""\
+    if r < p - 1:
+        grad = torch.empty_like(out)
+        comm.recv(grad, r - 1)
+        out.backward(grad)
+    else:
+        out.backward()
+""" + SEND_BACK), {BWD: "the gradient of this stage's output comes from the next stage",
+      STEP: "pipeline_step receives from md.ANY_SOURCE (-1)"}),
+    Wrong("bwd_blocking_send", EX, backward(BACKWARD + """\
+    if r > 0:
+        comm.send(inp.grad, r - 1)
+"""), {BWD: "backward_step sends with comm.send, which returns only once rank"}),
+    Wrong("bwd_last_stage_receives", EX, backward("""\
+    grad = torch.empty_like(out)
+    comm.recv(grad, r + 1)
+    out.backward(grad)
+""" + SEND_BACK), {BWD: "the last stage receives no gradient",
+      STEP: "src=2 is outside the communicator"}),
+    Wrong("bwd_request_not_kept", EX, backward(BACKWARD + """\
+    if r > 0:
+        comm.isend(inp.grad, r - 1)
+"""), {BWD: "started 1 isend(s) but put 0 request(s) in pending",
+      STEP: "never waited for"}),
+    Wrong("bwd_sends_before_backward", EX, backward("""\
+    if r > 0:
+        pending.append(comm.isend(inp.grad, r - 1))
+""" + BACKWARD), {BWD: "the gradient to send back is inp.grad, which backward fills in",
+      STEP: "got NoneType"}),
+    Wrong("bwd_stage0_sends", EX, backward(BACKWARD + """\
+    pending.append(comm.isend(inp.grad, r - 1))
+"""), {BWD: "stage 0 sends no gradient back: no stage comes before it",
+      STEP: "got NoneType"}),
+    Wrong("bwd_frees_grad_before_sent", EX, backward(BACKWARD + SEND_BACK + """\
+    if r > 0:
+        inp.grad.zero_()
+"""), {BWD: "changed the gradient it sent before the send completed"}),
+    Wrong("bwd_float32_buffer", EX, backward("""\
+    if r < p - 1:
+        grad = torch.zeros(out.shape)
+        comm.recv(grad, r + 1)
+        out.backward(grad)
+    else:
+        out.backward()
+""" + SEND_BACK), {BWD: "sender and receiver must use the same dtype", STEP: "float32"}),
+]

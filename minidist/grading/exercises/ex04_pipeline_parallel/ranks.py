@@ -123,6 +123,7 @@ class StageComm:
         self.comm, self.step, self.pending = comm, step, pending
         self.before, self.isends = len(pending), 0
         self.sent: list[torch.Tensor] = []  # what it sent, as it was when sent
+        self._sending: list[torch.Tensor] = []  # the tensors themselves, to stay as they were
 
     def __getattr__(self, name):
         return getattr(self.comm, name)
@@ -145,6 +146,7 @@ class StageComm:
         self._check("send", dst, tensor)
         self.isends += 1
         self.sent.append(tensor.detach().clone())
+        self._sending.append(tensor)
         return self.comm.isend(tensor, dst, tag)
 
     def recv(self, tensor, src=ANY_SOURCE, tag=0):
@@ -162,20 +164,21 @@ class StageComm:
     def _check(self, way: str, peer, tensor) -> None:
         r, p, key = self.comm.rank, self.comm.world_size, (self.step, way)
         head = f"on stage {r} of {p}, {self.step} {'sends' if way == 'send' else 'receives'}"
+        want = r + _WAY[key]
+        if not 0 <= want < p:  # first: a message a stage must not exchange at all
+            raise StageMistake(f"{head} {'to' if way == 'send' else 'from'} rank {peer}, but "
+                               f"{_NONE[key]}")
         if not isinstance(tensor, torch.Tensor):
             hint = (": the gradient to send back is inp.grad, which backward fills in "
                     "(autograd keeps .grad only on leaf tensors such as inp, not on out)"
                     if tensor is None and key == ("backward_step", "send") else "")
             raise StageMistake(f"{head} {type(tensor).__name__} (not a tensor) "
                                f"{'to' if way == 'send' else 'from'} rank {peer}{hint}")
-        want = r + _WAY[key]
-        if not 0 <= want < p:
-            raise StageMistake(f"{head} {'to' if way == 'send' else 'from'} rank {peer}, but "
-                               f"{_NONE[key]}")
-        if peer == ANY_SOURCE:
-            raise StageMistake(f"{head} from md.ANY_SOURCE: name the neighbour, rank {want} "
-                               "(a middle stage hears from both neighbours, and from any "
-                               "rank it could take the other one's message)")
+        if peer == ANY_SOURCE:  # -1: also stage 0's r - 1
+            raise StageMistake(f"{head} from md.ANY_SOURCE (-1): {_WHY[key]}, rank {want}; "
+                               "name the neighbour (a middle stage hears from both "
+                               "neighbours, and from any rank it could take the other one's "
+                               "message)")
         if peer != want:
             raise StageMistake(f"{head} {'to' if way == 'send' else 'from'} rank {peer}: "
                                f"{_WHY[key]}, rank {want}")
@@ -184,10 +187,24 @@ class StageComm:
         """A step that should have sent its message did so (else its neighbour waits)."""
         r, p = self.comm.rank, self.comm.world_size
         to = r + _WAY[(self.step, "send")]
+        what = "its output" if self.step == "forward_step" else "the gradient of its input"
         if 0 <= to < p and not self.isends:
-            what = "its output" if self.step == "forward_step" else "the gradient of its input"
             raise StageMistake(f"on stage {r}, {self.step} returned without sending {what} to "
                                f"rank {to}, which waits for it")
+        if self.isends > 1:
+            raise StageMistake(f"on stage {r}, one call of {self.step} sent {self.isends} "
+                               f"messages to rank {to}: send {what} once, one message per "
+                               f"micro-batch (rank {to} receives one; the next would be "
+                               "taken for the next micro-batch's)")
+        changed = next((k for k, (t, c) in enumerate(zip(self._sending, self.sent))
+                        if not (t.shape == c.shape and torch.equal(t.detach(), c))), None)
+        if changed is not None:
+            thing = "output" if self.step == "forward_step" else "gradient"
+            raise StageMistake(f"on stage {r}, {self.step} changed the {thing} it sent "
+                               "before the send completed (it returned with the "
+                               "isend still in flight): until the step waits for the "
+                               "request, the tensor must stay as it is; leave it alone, or "
+                               "send a copy")
 
     def check_pending(self) -> None:
         self.check_sent()
@@ -313,6 +330,23 @@ class SendsKept:
         req = self._comm.isend(*args, **kwargs)
         self.sends.append(req)
         return req
+
+    def recv(self, tensor, src=ANY_SOURCE, tag=0):
+        self._named(src)
+        return self._comm.recv(tensor, src, tag)
+
+    def irecv(self, tensor, src=ANY_SOURCE, tag=0):
+        self._named(src)
+        return self._comm.irecv(tensor, src, tag)
+
+    def _named(self, src) -> None:
+        """A receive from md.ANY_SOURCE (-1) races: a middle stage hears from both sides."""
+        if src == ANY_SOURCE:
+            raise StageMistake(
+                f"on stage {self._comm.rank}, pipeline_step receives from md.ANY_SOURCE (-1): "
+                "name the neighbour (activations come from rank - 1, gradients from rank + 1; "
+                "stage 0 receives no activation); from any rank a middle stage could take "
+                "the other neighbour's message")
 
     def check_waited(self) -> None:
         # _finished: set by the request's own wait() or a test() that saw it done, so only
