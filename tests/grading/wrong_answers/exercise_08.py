@@ -280,6 +280,11 @@ WRONG = [
               "while rank 0 waited for it in a collective", STEP: "deadlock",
        MASTER: "ranks disagreed on skipping at step 3"},
         timeout=60.0),
+    Wrong("agree_coalesced_avg", EX, agree("""\
+    flag = torch.tensor([float(found_inf)])
+    md.all_reduce_coalesced(comm, [flag], op="avg")
+    return bool(flag.item() > 0)
+"""), passes=True),
     # -- part 3: the step
     Wrong("step_not_skipped", EX, step(GRADS + """\
     found_inf = agree_found_inf(comm, any(not torch.isfinite(g).all() for g in grads))

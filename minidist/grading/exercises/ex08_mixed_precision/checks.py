@@ -79,7 +79,8 @@ def check_agree_found_inf(learner) -> str:
 
 
 def _one_all_reduce(calls: list[dict]) -> bool:
-    return len(calls) == 1 and calls[0]["name"] == "all_reduce" and calls[0]["numel"] == 1
+    return len(calls) == 1 and calls[0]["numel"] == 1 and \
+        calls[0]["name"] in ("all_reduce", "all_reduce_coalesced")
 
 
 def _calls_text(calls: list[dict]) -> str:
