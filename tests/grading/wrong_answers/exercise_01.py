@@ -5,6 +5,7 @@ from . import Wrong
 EX = "01_collectives"
 NAIVE, RS = "test_naive_all_reduce", "test_ring_reduce_scatter"
 AG, RING = "test_ring_all_gather", "test_ring_all_reduce"
+REPLACED = "was replaced by a new tensor, so the caller's tensor never got it"
 LIBRARY = "calls what this exercise asks you to write yourself"
 RING_HEAD = "    p, r = comm.world_size, comm.rank\n    right, left = (r + 1) % p, (r - 1) % p\n"
 
@@ -40,6 +41,15 @@ HALVING = """\
         comm.sendrecv(chunks(*give), r ^ bit, received, r ^ bit)
         chunks(*keep).add_(received)
         (lo, hi), bit = keep, bit // 2
+"""
+DOUBLING = """\
+    bit = 1
+    while bit < p:
+        width = hi - lo
+        other = (lo - width, lo) if r & bit else (hi, hi + width)
+        comm.sendrecv(chunks(lo, hi), r ^ bit, chunks(*other), r ^ bit)
+        lo, hi, bit = min(lo, other[0]), max(hi, other[1]), bit * 2
+    return t
 """
 
 
@@ -240,6 +250,164 @@ WRONG = [
     Wrong("hd_md_all_reduce", EX, hd("""\
     return md.all_reduce(comm, t, algorithm="halving_doubling")
 """), {HD: LIBRARY}),
+    # -- naive: steps in the wrong order, not in place, the wrong op -----------------------
+    Wrong("naive_root_sends_partial_sums", EX, naive("""\
+    if comm.rank == 0:
+        buf = torch.empty_like(t)
+        for src in range(1, comm.world_size):
+            comm.recv(buf, src)
+            t += buf
+            comm.send(t, src)
+    else:
+        comm.send(t, 0)
+        comm.recv(t, 0)
+    return t
+"""), {NAIVE: "missing rank(s) [2]"}),
+    Wrong("naive_not_in_place", EX, naive("""\
+    if comm.rank == 0:
+        buf = torch.empty_like(t)
+        for src in range(1, comm.world_size):
+            comm.recv(buf, src)
+            t = t + buf
+        for dst in range(1, comm.world_size):
+            comm.send(t, dst)
+    else:
+        comm.send(t, 0)
+        total = torch.empty_like(t)
+        comm.recv(total, 0)
+        t = total
+    return t
+"""), {NAIVE: "t = t + buf makes a new tensor, and the caller's t never sees it"}),
+    Wrong("naive_root_receives_into_t", EX, naive("""\
+    if comm.rank == 0:
+        for src in range(1, comm.world_size):
+            comm.recv(t, src)
+        for dst in range(1, comm.world_size):
+            comm.send(t, dst)
+    else:
+        comm.send(t, 0)
+        comm.recv(t, 0)
+    return t
+"""), {NAIVE: "missing rank(s) [0"}),
+    Wrong("naive_average", EX, naive("""\
+    if comm.rank == 0:
+        buf = torch.empty_like(t)
+        for src in range(1, comm.world_size):
+            comm.recv(buf, src)
+            t += buf
+        t.div_(comm.world_size, rounding_mode="floor" if not t.is_floating_point() else None)
+        for dst in range(1, comm.world_size):
+            comm.send(t, dst)
+    else:
+        comm.send(t, 0)
+        comm.recv(t, 0)
+    return t
+"""), {NAIVE: "that is the mean over the 2 ranks: this all_reduce sums"}),
+    Wrong("naive_receive_first", EX, naive("""\
+    if comm.rank == 0:
+        buf = torch.empty_like(t)
+        for src in range(1, comm.world_size):
+            comm.recv(buf, src)
+            t += buf
+        for dst in range(1, comm.world_size):
+            comm.send(t, dst)
+    else:
+        total = torch.empty_like(t)
+        comm.recv(total, 0)
+        comm.send(t, 0)
+        t.copy_(total)
+    return t
+"""), {NAIVE: "rank 1: waits in `comm.recv(total, 0)`"}),
+    # -- reduce-scatter ---------------------------------------------------------------
+    Wrong("rs_replaces_list_entries", EX, rs("""\
+    for s in range(p - 1):
+        send_i, recv_i = (r - s - 1) % p, (r - s - 2) % p
+        received = torch.empty_like(chunks[recv_i])
+        comm.sendrecv(chunks[send_i], right, received, left)
+        chunks[recv_i] = chunks[recv_i] + received
+"""), {RS: REPLACED, RING: "missing rank(s)"}),
+    Wrong("rs_receives_over_its_chunk", EX, rs("""\
+    for s in range(p - 1):
+        send_i, recv_i = (r - s - 1) % p, (r - s - 2) % p
+        comm.sendrecv(chunks[send_i], right, chunks[recv_i], left)
+"""), {RS: "missing rank(s) [0", RING: "missing rank(s)"}),
+    Wrong("rs_ring_to_the_left", EX, rs("""\
+    for s in range(p - 1):
+        send_i, recv_i = (r + s + 1) % p, (r + s + 2) % p
+        received = torch.empty_like(chunks[recv_i])
+        comm.sendrecv(chunks[send_i], left, received, right)
+        chunks[recv_i] += received
+"""), {RS: "only to its right neighbour rank 1", RING: "only to its right neighbour"}),
+    Wrong("rs_one_step_short", EX, rs("""\
+    for s in range(p - 2):
+        send_i, recv_i = (r - s - 1) % p, (r - s - 2) % p
+        received = torch.empty_like(chunks[recv_i])
+        comm.sendrecv(chunks[send_i], right, received, left)
+        chunks[recv_i] += received
+"""), {RS: "missing rank(s) [", RING: "missing rank(s)"}),
+    Wrong("rs_one_step_too_many", EX, rs("""\
+    for s in range(p):
+        send_i, recv_i = (r - s - 1) % p, (r - s - 2) % p
+        received = torch.empty_like(chunks[recv_i])
+        comm.sendrecv(chunks[send_i], right, received, left)
+        chunks[recv_i] += received
+"""), {RS: "counted twice", RING: "counted twice"}),
+    # -- all-gather ---------------------------------------------------------------------
+    Wrong("ag_ring_to_the_left", EX, ag("""\
+    for s in range(p - 1):
+        comm.sendrecv(chunks[(r + s) % p], left, chunks[(r + s + 1) % p], right)
+"""), {AG: "only to its right neighbour rank 1", RING: "only to its right neighbour"}),
+    Wrong("ag_replaces_list_entries", EX, ag("""\
+    for s in range(p - 1):
+        received = torch.empty_like(chunks[(r - s - 1) % p])
+        comm.sendrecv(chunks[(r - s) % p], right, received, left)
+        chunks[(r - s - 1) % p] = received
+"""), {AG: REPLACED, RING: "missing rank(s)"}),
+    Wrong("ag_one_step_short", EX, ag("""\
+    for s in range(p - 2):
+        comm.sendrecv(chunks[(r - s) % p], right, chunks[(r - s - 1) % p], left)
+"""), {AG: "was never written: that chunk never reached this rank",
+        RING: "missing rank(s) [1]"}),
+    Wrong("ag_one_step_too_many", EX, ag("""\
+    for s in range(p):
+        comm.sendrecv(chunks[(r - s) % p], right, chunks[(r - s - 1) % p], left)
+"""), {AG: "exactly, one chunk per step", RING: "more than the 2(p-1)/p·n"}),
+    Wrong("ag_whole_buffer", EX, ag("""\
+    for s in range(p - 1):
+        whole, got = torch.cat(chunks), torch.empty(sum(c.numel() for c in chunks),
+                                                     dtype=chunks[r].dtype)
+        comm.sendrecv(whole, right, got, left)
+        j = (r - s - 1) % p
+        chunks[j].copy_(got.split([c.numel() for c in chunks])[j])
+"""), {AG: "exactly, one chunk per step", RING: "more than the 2(p-1)/p·n"}),
+    Wrong("ag_straight_to_everyone", EX, ag("""\
+    reqs = [comm.isend(chunks[r], q) for q in range(p) if q != r]
+    for q in range(p):
+        if q != r:
+            comm.recv(chunks[q], q)
+    for req in reqs:
+        req.wait()
+"""), {AG: "only to its right neighbour", RING: "only to its right neighbour"}),
+    Wrong("ag_first_step_unrolled", EX, ag("""\
+    comm.sendrecv(chunks[r], right, chunks[left], left)
+    for s in range(1, p - 1):
+        comm.sendrecv(chunks[(r - s) % p], right, chunks[(r - s - 1) % p], left)
+"""), {AG: "world_size=1", RING: "world_size=1"}),
+    # -- halving-doubling -------------------------------------------------------------
+    Wrong("hd_ring_unless_power_of_two_squared", EX, hd("""\
+    import math
+    p = comm.world_size
+    if int(math.log2(max(p, 1))) ** 2 != p:  # meant 2 ** lg p: true at 2 and 8
+        return ring_all_reduce(comm, t)  # not a power of two: the ring
+""" + HALVING + DOUBLING), {HD: "2 lg p = 6 messages"}),
+    Wrong("hd_copies_instead_of_adding", EX, hd(HALVING.replace(
+        "chunks(*keep).add_(received)", "chunks(*keep).copy_(received)") + DOUBLING),
+        {HD: "missing rank(s) [0]. In each halving round"}),
+    Wrong("hd_not_in_place", EX, hd("""\
+    t = t.clone()  # leave the caller's tensor alone
+""" + HALVING + DOUBLING), {HD: "t = t + buf makes a new tensor"}),
+    Wrong("hd_rows_not_flattened", EX, hd(HALVING.replace("flat = t.view(-1)", "flat = t").replace(
+        "c.numel() for c", "len(c) for c") + DOUBLING), {HD: "t.tensor_split(p) cuts its rows"}),
     Wrong("hd_halves_of_elements", EX, hd("""\
     p, r, flat = comm.world_size, comm.rank, t.view(-1)
     lo, hi, bit, given = 0, flat.numel(), p // 2, []

@@ -8,7 +8,7 @@ import torch
 from ...engine.compare import compare
 from ...engine.data import pattern
 from ...engine.feedback import Mistake, traffic_text
-from .mistakes import HINTS, shape_hint, whose
+from .mistakes import HINTS, mean_hint, not_in_place_hint, replaced_hint, shape_hint, whose
 from .ranks import KINDS, POWERS_OF_TWO, WORLD_SIZES, case, expected, label
 
 
@@ -19,13 +19,14 @@ def _run_all(learner, kind, expected_bytes, world_sizes=WORLD_SIZES) -> None:
         numel = pattern(0, n, dtype, p).numel()
         sizes = [c.numel() * dtype.itemsize for c in torch.empty(numel).tensor_split(p)]
         for rank, result in enumerate(results):
-            got, traffic = result["value"], result["traffic"]
+            (got, replaced), traffic = result["value"], result["traffic"]
             want = expected(kind, rank, n, dtype, p)
             problem = compare(got, want, f"rank {rank}")
             if problem:
                 offset = sum(sizes[:rank]) // dtype.itemsize if kind == "reduce_scatter" else 0
-                raise Mistake(f"with {where}: {problem}"
-                              f"{whose(got, want, offset, p)}{HINTS[kind]}")
+                why = replaced_hint(replaced) or not_in_place_hint(got, kind, rank, n, dtype, p) \
+                    or mean_hint(got, want, p) or whose(got, want, offset, p)
+                raise Mistake(f"with {where}: {problem}{why}{HINTS[kind]}")
             expected_bytes(rank, p, numel * dtype.itemsize, sizes, traffic, where,
                            shape_hint(n, p))
         _judge_total(kind, [r["traffic"]["bytes_sent"] for r in results],

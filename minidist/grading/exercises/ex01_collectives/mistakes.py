@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ...engine.data import contributors
+from ...engine.data import contributors, pattern
+from .ranks import IN_PLACE
 
 HINTS = {  # kind: how the algorithm works, said after any wrong value
     "naive": "", "ring_all_reduce": "",
@@ -57,3 +58,36 @@ def whose(got, want, offset, p) -> str:
     if extra:
         text += f", but should not include rank(s) {extra}"
     return text
+
+
+def replaced_hint(replaced) -> str:
+    """A reduce-scatter or all-gather that put new tensors in the list instead of writing
+    the chunks it was given (views of the caller's t: ring_all_reduce relies on it)."""
+    if not replaced:
+        return ""
+    return (f"; chunks[{replaced[0]}] was replaced by a new tensor, so the caller's tensor "
+            "never got it: the chunks are views of the caller's t (ring_all_reduce passes "
+            "views of t), write into them in place (+=, copy_, or receive straight into them)")
+
+
+def not_in_place_hint(got, kind, rank, n, dtype, p) -> str:
+    """A rank whose t still holds its own data: the result went into a new tensor."""
+    if kind not in IN_PLACE or p == 1 or not isinstance(got, torch.Tensor):
+        return ""
+    own = pattern(rank, n, dtype, p)
+    if got.shape != own.shape or not torch.equal(got, own):
+        return ""
+    return (f"; rank {rank}'s t still holds its own data: work in place (t += buf, "
+            "comm.recv(t, src), t.copy_(total)); t = t + buf makes a new tensor, and the "
+            "caller's t never sees it")
+
+
+def mean_hint(got, want, p) -> str:
+    """The mean instead of the sum."""
+    if p == 1 or not isinstance(got, torch.Tensor) or got.shape != want.shape or \
+            not got.is_floating_point() or not want.any():
+        return ""
+    if not torch.allclose(got.double() * p, want.double(), rtol=1e-5, atol=1e-6):
+        return ""
+    return (f"; that is the mean over the {p} ranks: this all_reduce sums (dividing by the "
+            "world size is the caller's step, as in data parallelism)")

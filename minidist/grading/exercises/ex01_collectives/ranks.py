@@ -32,10 +32,12 @@ def case(comm, namespace, kind, n, dtype):
         for j, c in enumerate(chunks):
             if j != comm.rank:
                 c.fill_(-1)  # not known yet: the all-gather must fill it
+    views = list(chunks)  # the caller's views of t: judged after the call, not the list
     namespace[KINDS[kind][0]](comm, t if kind in IN_PLACE else chunks)
+    replaced = [j for j, (c, v) in enumerate(zip(chunks, views)) if c is not v]
     if kind == "reduce_scatter":
-        return chunks[comm.rank]
-    return torch.cat(chunks) if kind == "all_gather" else t
+        return views[comm.rank], replaced
+    return (torch.cat(views), replaced) if kind == "all_gather" else (t, replaced)
 
 
 def expected(kind, rank, n, dtype, p):
