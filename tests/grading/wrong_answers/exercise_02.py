@@ -160,3 +160,83 @@ WRONG = [
     return tuple(out + ([tuple(current)] if current else []))
 """), passes=True),
 ]
+
+# -- more wrong answers (issue 27: ten per graded test) -------------------------------------------
+PADDED = """\
+    while len(indices) < total:
+        indices += indices[: total - len(indices)]
+    return indices[rank:total:world_size]
+"""
+CLOSE = """\
+        if filled >= cap:
+            out.append(current)
+            current, filled = [], 0
+"""
+REVERSED = """\
+    out, current, filled = [], [], 0
+    for i in reversed(range(len(sizes))):
+        current.append(i)
+        filled += sizes[i]
+"""
+WRONG += [
+    Wrong("shard_no_padding", EX, shard(ORDER + """\
+    return indices[rank::world_size]
+"""), {SHARD: "every rank gets ceil(n / world_size)"}),
+    Wrong("shard_drops_the_tail", EX, shard(ORDER.replace(
+        "math.ceil(n / world_size) * world_size", "n // world_size * world_size") + """\
+    return indices[rank:total:world_size]
+"""), {SHARD: "as drop_last=True does"}),
+    Wrong("shard_pads_with_last_index", EX, shard(ORDER + """\
+    indices += [indices[-1]] * (total - len(indices))
+    return indices[rank:total:world_size]
+"""), {SHARD: "pad with the list's own first indices"}),
+    Wrong("shard_seeded_by_rank", EX, shard(ORDER.replace("seed + epoch", "seed + epoch + rank")
+                                            + PADDED),
+          {SHARD: "must draw the same permutation: seed the generator with seed + epoch only"}),
+    Wrong("shard_python_random", EX, shard("""\
+    import random
+    indices = list(range(n))
+    if shuffle:
+        random.Random(seed + epoch).shuffle(indices)
+    total = math.ceil(n / world_size) * world_size
+""" + PADDED), {SHARD: "permute with torch.randperm(n, generator=g)"}),
+    Wrong("buckets_strictly_more_than_cap", EX, buckets(REVERSED + CLOSE.replace(">=", ">") + """\
+    return out + ([current] if current else [])
+"""), {BUCKETS: "close it at cap bytes or more (>= cap, not > cap)"}),
+    Wrong("buckets_last_bucket_dropped", EX, buckets(REVERSED + CLOSE + """\
+    return out
+"""), {BUCKETS: "the last, partly full bucket is missing"}),
+    Wrong("buckets_cap_in_megabytes", EX, buckets("""\
+    cap = cap * 1024 * 1024  # as DDP's bucket_cap_mb
+""" + REVERSED + CLOSE + """\
+    return out + ([current] if current else [])
+"""), {BUCKETS: "cap is in bytes already"}),
+    Wrong("buckets_empty_last_bucket", EX, buckets(REVERSED + CLOSE + """\
+    return out + [current]
+"""), {BUCKETS: "is empty"}),
+    Wrong("buckets_carry_the_overflow", EX, buckets(REVERSED + """\
+        if filled >= cap:
+            out.append(current)
+            current, filled = [], filled - cap
+    return out + ([current] if current else [])
+"""), {BUCKETS: "a new bucket starts empty"}),
+    Wrong("buckets_indices_counted_forward", EX, buckets("""\
+    out, current, filled = [], [], 0
+    for i, size in enumerate(reversed(sizes)):
+        current.append(i)
+        filled += size
+""" + CLOSE + """\
+    return out + ([current] if current else [])
+"""), {BUCKETS: "the parameters' own indices"}),
+    Wrong("buckets_flat_list", EX, buckets("""\
+    return list(reversed(range(len(sizes))))
+"""), {BUCKETS: "return a list of buckets, each a list of parameter indices"}),
+    Wrong("buckets_hold_sizes", EX, buckets("""\
+    out, current, filled = [], [], 0
+    for i in reversed(range(len(sizes))):
+        current.append(sizes[i])
+        filled += sizes[i]
+""" + CLOSE + """\
+    return out + ([current] if current else [])
+"""), {BUCKETS: "the buckets hold the parameters' sizes"}),
+]

@@ -149,3 +149,95 @@ def all_reduce_bucket(comm, grads):
 """ + IN_ORDER.replace("REDUCE", "work.put([params[j].grad for j in buckets[k]])")
         + HOOK_EVERY), passes=True),
 ]
+
+# -- more wrong answers (issue 27: ten per graded test) -------------------------------------------
+WAIT_AT_END = f"""\
+    def wait_for_buckets():
+        in_flight = state["futures"]
+        state.update(next=0, futures=[], armed=False)
+        for f in in_flight:
+            f.join() if hasattr(f, "join") else f.result()
+
+    def arm():
+        if not state["armed"]:
+            state["armed"] = True
+            {END_OF_BACKWARD}(wait_for_buckets)
+"""
+
+
+def overlapped_with(reduce: str, wait: str = WAIT_AT_END, pre: str = "",
+                    steady: str = IN_ORDER) -> dict:
+    """A worker-thread version: ``reduce`` hands bucket k over (and appends what to wait for
+    to state["futures"]), ``wait`` defines arm(), called by every hook first."""
+    return overlapped(COUNT + pre + wait + "\n    def on_gradient(i):\n        arm()\n"
+                      "        waiting[bucket_of[i]] -= 1\n"
+                      + steady.replace("REDUCE", reduce) + HOOK_EVERY)
+
+
+SUBMIT = ("state[\"futures\"].append(worker.submit(all_reduce_bucket, comm, "
+          "[params[j].grad for j in buckets[k]]))")
+POOL = "    worker = ThreadPoolExecutor(max_workers=1)\n"
+WRONG += [
+    Wrong("bucket_summed", EX, bucket_hooks(in_order(REDUCE_NOW), helper=HELPER.replace(
+        'op="avg"', 'op="sum"')), {STAGE_B: "times too large: you summed the gradients",
+                                 STAGE_C: "times too large: you summed the gradients"}),
+    Wrong("bucket_copy_back_from_the_start", EX, bucket_hooks(in_order(REDUCE_NOW), helper="""\
+def all_reduce_bucket(comm, grads):
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    md.all_reduce(comm, flat, op="avg")
+    for g in grads:
+        g.copy_(flat[: g.numel()].view_as(g))
+
+
+"""), {STAGE_B: "copied back from the wrong part of the bucket",
+       STAGE_C: "copied back from the wrong part of the bucket"}),
+    Wrong("bucket_everything_at_once", EX, bucket_hooks(COUNT + """\
+    left = [sum(waiting)]
+
+    def on_gradient(i):
+        left[0] -= 1
+        if left[0] == 0:
+            all_reduce_bucket(comm, [params[j].grad for b in buckets for j in b])
+            left[0] = sum(len(b) for b in buckets)
+""" + HOOK_EVERY), {STAGE_B: "one all-reduce of every gradient at once"}),
+    Wrong("bucket_last_bucket_first", EX, bucket_hooks(COUNT + """\
+
+    def on_gradient(i):
+        waiting[bucket_of[i]] -= 1
+        last = len(buckets) - 1
+        while state["next"] < len(buckets) and waiting[last - state["next"]] == 0:
+            k = last - state["next"]
+            all_reduce_bucket(comm, [params[j].grad for j in buckets[k]])
+            waiting[k], state["next"] = len(buckets[k]), (state["next"] + 1) % len(buckets)
+""" + HOOK_EVERY), {STAGE_B: "the right buckets in the wrong order. Reduce bucket 0 first"}),
+    Wrong("overlap_thread_per_bucket", EX, overlapped_with(
+        "t = threading.Thread(target=all_reduce_bucket, args=(comm, [params[j].grad for j in "
+        "buckets[k]]))\n            t.start()\n            state[\"futures\"].append(t)",
+        pre="    import threading\n"), {STAGE_C: "use one worker thread"}),
+    Wrong("overlap_state_not_reset", EX, overlapped_with(SUBMIT, WAIT_AT_END.replace(
+        "next=0, ", ""), POOL, IN_ORDER.replace("(k + 1) % len(buckets)", "k + 1")),
+        {STAGE_C: "must start afresh for the next"}),
+    Wrong("overlap_callback_at_registration", EX, overlapped_with(SUBMIT, WAIT_AT_END.replace(
+        "    def arm():", f"    {END_OF_BACKWARD}(wait_for_buckets)\n\n    def arm():"), POOL),
+        {STAGE_C: "Final callbacks can only be installed during backward pass"}),
+    Wrong("overlap_waits_at_next_pass", EX, overlapped_with(
+        SUBMIT + "\n            state[\"armed\"] = k < len(buckets) - 1", """\
+    def arm():  # the first hook of a pass waits for the last pass's buckets
+        if not state["armed"]:
+            state["armed"] = True
+            for f in state["futures"]:
+                f.result()
+            state["futures"] = []
+""", POOL), {STAGE_C: "the thread had not reduced its bucket yet"}),
+    Wrong("overlap_any_order", EX, overlapped(COUNT + POOL + WAIT_AT_END + """\
+
+    def on_gradient(i):
+        arm()
+        k = bucket_of[i]
+        waiting[k] -= 1
+        if waiting[k] == 0:
+            waiting[k] = len(buckets[k])
+            state["futures"].append(worker.submit(
+                all_reduce_bucket, comm, [params[j].grad for j in buckets[k]]))
+""" + HOOK_EVERY), {STAGE_C: "the right buckets in the wrong order"}),
+]

@@ -29,8 +29,9 @@ SHARD_CASES = [(10, 3, False, 0, 0), (12, 4, False, 0, 0), (10, 3, True, 0, 0),
                (10, 3, True, 0, 1), (17, 4, True, 42, 5), (2, 4, True, 7, 0),
                (1, 1, True, 0, 0), (100, 8, True, 3, 2), (2, 5, True, 1, 0),
                (3, 8, False, 0, 0)]
-BUCKET_CASES = [  # (parameter sizes in bytes, cap in bytes)
-    ([4000] * 10, 10_000), ([400, 4_000_000, 40, 40, 40_000], 50_000),
+BUCKET_CASES = [  # (parameter sizes in bytes, cap in bytes); unequal sizes first: they tell
+    # the order the sizes were read in from the order the indices were numbered in
+    ([400, 4_000_000, 40, 40, 40_000], 50_000), ([4000] * 10, 10_000),
     ([100, 200, 300], 10**9), ([], 1000), ([4096, 4096, 4096, 4096], 8192),
     ([1000, 1, 1, 1, 50_000, 1, 1], 1000),
 ]
@@ -114,6 +115,8 @@ def _run_stage(learner, stage: str) -> None:
                 where = f"with {label}: rank {rank}, backward pass {step + 1}"
                 local = _full_grads(frozen, step, *shard)
                 late = got.get("finished", 0) < len(got["calls"])
+                if stage == "overlap":  # first: threads racing also leave wrong gradients
+                    _one_thread(got["calls"], where)
                 _check_grads(got["grads"], full[step], local, where, p, (stage, step, late))
                 _check_calls(got["calls"], stage, buckets, slow, numels, trainable, where)
 
@@ -164,15 +167,20 @@ def _check_calls(calls, stage, buckets, slow, numels, trainable, where) -> None:
         _check_thread(calls, slow, where)
 
 
+def _one_thread(calls, where) -> None:
+    threads = len({c["thread"] for c in calls if not c["main"]})
+    if threads > 1:
+        raise Mistake(f"{where}: the all-reduces of one backward pass ran on {threads} "
+                      "threads; use one worker thread, so that the buckets are reduced in "
+                      "order (threads of their own start their all-reduces in any order, and "
+                      "the ranks' collectives then pair up different buckets)")
+
+
 def _check_thread(calls, slow, where) -> None:
     if any(c["main"] for c in calls):
         raise Mistake(f"{where}: the all-reduces ran on the thread that runs backward; hand "
                       "each ready bucket to one worker thread, which reduces the buckets in "
                       "order while backward goes on")
-    if len({c["thread"] for c in calls}) > 1:
-        raise Mistake(f"{where}: the all-reduces of one backward pass ran on "
-                      f"{len({c['thread'] for c in calls})} threads; use one worker thread, "
-                      "so that the buckets are reduced in order")
     if slow and calls and calls[0]["progressed"] is False:
         raise Mistake(f"{where}: backward stopped while the thread reduced the first bucket "
                       "(the hook waited for it): a hook must hand the bucket over and return "

@@ -100,7 +100,8 @@ class Recorder:
 
     def around(self, original, comm, t, *args, **kwargs):
         ident = threading.get_ident()
-        call = {"numel": _numel(t), "main": ident == self.main, "thread": ident,
+        call = {"numel": _numel(t), "main": ident == self.main,  # a name is never reused:
+                "thread": f"{threading.current_thread().name}:{ident}",  # an ident may be
                 "ready": self.ready(), "progressed": None}
         with self.lock:
             first = not self.calls
