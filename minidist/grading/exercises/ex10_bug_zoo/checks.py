@@ -165,17 +165,33 @@ def check_train_epochs(learner) -> str:
             probe.sampler_case, "train_epochs", worlds,
             lambda p, n, epochs: f"world_size={p}, {n} samples, {epochs} epochs"):
         for r, result in enumerate(results):
-            _judge_epochs(result["value"], probe.sampler_oracle(n, r, p, epochs), r, label)
+            _judge_epochs(result["value"], probe.sampler_oracle(n, r, p, epochs), r, label,
+                          n, p)
     return ("each rank visits its share of every epoch in torch's DistributedSampler order, a "
             "new order each epoch, on 2 and 3 ranks")
 
 
-def _judge_epochs(seen: list[int], want: list[list[int]], r: int, label: str) -> None:
+def _judge_epochs(seen: list[int], want: list[list[int]], r: int, label: str, n: int,
+                  p: int) -> None:
     size = len(want[0])
     if len(seen) != size * len(want):
+        why = ""
+        if len(seen) == n * len(want):
+            why = (": every epoch it trained on the whole dataset, as every other rank did. "
+                   "Each rank must draw only its share, through the DistributedSampler "
+                   "(DataLoader(..., sampler=sampler), not shuffle=True)")
+        elif len(seen) == (n // p) * len(want):
+            why = (f": {n} samples on {p} ranks is {n // p} each, rounded down; the sampler "
+                   f"pads (repeats the first samples) so that every rank gets ceil(n/p) = "
+                   f"{size} per epoch and none is left out (drop_last=False)")
         raise Mistake(f"with {label}: rank {r} trained on {len(seen)} samples, expected "
-                      f"{size} per epoch for {len(want)} epochs ({size * len(want)})")
+                      f"{size} per epoch for {len(want)} epochs ({size * len(want)}){why}")
     epochs = [seen[e * size:(e + 1) * size] for e in range(len(want))]
+    in_order = [(list(range(n)) * 2)[:size * p][r::p]] * len(want)
+    if epochs == in_order:
+        raise Mistake(f"with {label}: rank {r} visits {short(epochs[0])} in every epoch, the "
+                      "samples in the dataset's order: the sampler must shuffle "
+                      "(shuffle=True), with set_epoch(epoch) at the start of every epoch")
     for e in range(1, len(want)):
         if epochs[e] == epochs[e - 1] and want[e] != want[e - 1]:
             raise Mistake(f"with {label}: on rank {r}, epoch {e - 1} and epoch {e} visit the "
@@ -205,6 +221,7 @@ def check_zero_sgd_step(learner) -> str:
         for r, result in enumerate(results):
             _judge_zero(result["value"]["params"], want, start, grad, n, p, r, label)
             _judge_zero_sharded(result["value"]["calls"], n, r, label)
+            _judge_zero_counts(result["value"], want, grad, n, p, r, label)
     return ("every rank's parameters equal one SGD step on the mean gradient, for 2 to 12 "
             "parameters on 3 and 4 ranks (divisible, padded, shards left empty), the gradient "
             "reduce-scattered and the updated shards all-gathered, never all-reduced whole")
@@ -226,6 +243,43 @@ def _judge_zero_sharded(calls: list, n: int, r: int, label: str) -> None:
                       "shard's bounds")
 
 
+def _judge_zero_counts(value: dict, want, grad, n: int, p: int, r: int, label: str) -> None:
+    """Exact: one md.reduce_scatter of the padded gradient (shard·p elements; n where the
+    learner's layout is torch's uneven split) and one md.all_gather of this rank's updated
+    shard (shard elements), nothing else; and what the all_gather sent is parameters after
+    the step, not the gradient (a fix that gathers the gradient and updates every parameter
+    on every rank is data parallelism with extra steps)."""
+    shard = -(-n // p)
+    calls = [(name, k) for name, k in value["calls"]]
+    wrong_gather = [k for name, k in calls if name == "all_gather" and k != shard]
+    if calls not in ([("reduce_scatter", shard * p), ("all_gather", shard)],
+                     [("reduce_scatter", n), ("all_gather", shard)]):
+        listing = ", ".join(f"md.{name} ({k} elements)" for name, k in calls)
+        what = (f"all-gathered {wrong_gather[0]} elements, not its shard's {shard}"
+                if wrong_gather else f"called {listing}")
+        raise Mistake(f"with {label}: the parameters are right, but rank {r} {what}: ZeRO's "
+                      f"step is exactly one md.reduce_scatter of the padded gradient "
+                      f"({shard * p} elements) and one md.all_gather of this rank's updated "
+                      f"shard ({shard} elements), in that order; anything more is traffic "
+                      "(and memory) that the sharding is there to save")
+    piece = value["gathered"][0].flatten().double() if value["gathered"] else None
+    if piece is None or not piece.numel():
+        return
+    params = [float(v) for v in want]
+    if all(float(v) == 0.0 or min(abs(float(v) - w) for w in params) < 1e-12 for v in piece):
+        return
+    padded = torch.zeros(shard * p, dtype=torch.float64)
+    padded[:n] = grad
+    mine = padded[r * shard:(r + 1) * shard]
+    what = ("its shard of the gradient" if close(piece, mine, 1e-12) else
+            f"{values(piece)}, which are not parameters after the step")
+    raise Mistake(f"with {label}: the parameters are right, but rank {r} all-gathered {what}, "
+                  "so every rank then updated every parameter: that is data parallelism "
+                  "again, every rank holding the whole update. ZeRO all-gathers the "
+                  "updated shards of the parameters: update only this rank's shard, then "
+                  "all-gather it")
+
+
 def _zero_label(n: int, p: int) -> str:
     shard = -(-n // p)
     pad = shard * p - n
@@ -243,7 +297,7 @@ def _judge_zero(x, want, start, grad, n: int, p: int, r: int, label: str) -> Non
     shard = -(-n // p)
     wrong = [i for i in range(n) if abs(float(x[i] - want[i])) > 1e-12]
     owners = sorted({i // shard for i in wrong})
-    notes = [f"[{i}] = {float(x[i]):.6g} ({zero_why(x, i, start, grad)}expected "
+    notes = [f"[{i}] = {float(x[i]):.6g} ({zero_why(x, i, start, grad, p)}expected "
              f"{float(want[i]):.6g})" for i in wrong[:3]]
     more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
     raise Mistake(f"with {label}: after one step, rank {r}'s parameters {indices(wrong)} are "
@@ -261,21 +315,28 @@ def check_fp16_step(learner) -> str:
                                                {1: [()], 2: [()]},
                                                lambda p: f"world_size={p}"):
         want = probe.fp16_oracle(p)
+        own = [probe.fp16_oracle(p, [r]) for r in range(p)]
         start = [w.detach().float() for w in probe.fp16_model().parameters()]
         for k in range(probe.FP16["steps"]):
             for r, result in enumerate(results):
-                _judge_fp16(result["value"][k], want[k], start, k, p, r)
+                _judge_fp16(result["value"][k], want[k], start, k, p, r, own[r][k])
     return ("the float32 master weights move as float32 gradients move them (within 2%) over "
             "2 steps, output gradients ~2^-26 (below float16's smallest subnormal), on 1 and 2 "
             "ranks")
 
 
-def _judge_fp16(masters, want, start, k: int, p: int, r: int) -> None:
+def _judge_fp16(masters, want, start, k: int, p: int, r: int, own=None) -> None:
     where = f"with world_size={p}, after step {k}"
-    for name, w, ref, w0 in zip(("weight", "bias"), masters, want, start):
+    own = own or [None] * len(want)
+    for name, w, ref, w0, alone in zip(("weight", "bias"), masters, want, start, own):
         if not isinstance(w, torch.Tensor) or w.shape != ref.shape:
             raise Mistake(f"{where}: rank {r}'s master {name} is {values(w)}; update the "
                           "masters in place (optimizer.step())")
+        if not torch.isfinite(w).all():
+            raise Mistake(f"{where}: rank {r}'s master {name} is {values(w)}: the scaled "
+                          "float16 gradients overflowed to inf (float16's largest value is "
+                          "65504), so the scale is too large. 2**16 lifts the ~2^-26 "
+                          "gradients into float16's range without overflowing them")
         moved, should = (w - w0).double(), (ref - w0).double()
         if torch.linalg.norm(moved - should) <= 0.02 * torch.linalg.norm(should):
             continue
@@ -290,6 +351,23 @@ def _judge_fp16(masters, want, start, k: int, p: int, r: int) -> None:
                           "the loss by a scale (2**16, say) before backward, and divide the "
                           "gradients by it in float32, before the step (unscaling in "
                           "float16 underflows the same way: convert first, then divide)")
+        if p > 1 and abs(ratio - p) < 0.05 and close(moved, ratio * should, 0.05):
+            raise Mistake(f"{where}: rank {r}'s master {name} moved {ratio:.3g}x as far as "
+                          f"the float32 gradient moves it, {p} ranks: the gradients were "
+                          "summed over the ranks, not averaged: all-reduce them with "
+                          'op="avg"')
+        if k and abs(ratio - (k + 2) / 2) < 0.05 and close(moved, ratio * should, 0.05):
+            raise Mistake(f"{where}: rank {r}'s master {name} moved {ratio:.3g}x as far as "
+                          "the float32 gradient moves it: each step's float16 gradients "
+                          "were added to the last step's (backward accumulates into .grad): "
+                          "clear them (p.grad = None) once they are copied to the masters")
+        alone_moved = None if alone is None else (alone - w0).double()
+        if alone_moved is not None and p > 1 and torch.linalg.norm(moved - alone_moved) \
+                <= 0.02 * torch.linalg.norm(alone_moved):
+            raise Mistake(f"{where}: rank {r}'s master {name} moved as this rank's own "
+                          "gradient alone moves it: the ranks' gradients were not averaged, "
+                          "so the replicas drift apart: all-reduce them (op=\"avg\") before "
+                          "the step")
         if ratio > 2 and close(moved, ratio * should, 0.02):
             raise Mistake(f"{where}: rank {r}'s master {name} moved {ratio:.4g}x as far as "
                           "the float32 gradient moves it: the gradients still hold the "

@@ -25,6 +25,10 @@ def average_hint(g, w, p: int, r: int) -> str:
     local = local_grads(0, r)
     if any(_close(g, x) for x in local):
         return "they are this rank's own gradients: sum them over the ranks first"
+    if any(_close(g, x / p) for x in local):
+        return (f"they are this rank's own gradients divided by {p}: the sum never reached "
+                "this rank (md.reduce leaves it on dst only): all-reduce, so that every rank "
+                "gets the sum, then divide")
     return "all-reduce each gradient with op=\"sum\" and divide by comm.world_size"
 
 
@@ -32,12 +36,15 @@ def short(xs: list[int]) -> str:
     return str(xs) if len(xs) <= 8 else str(xs[:8])[:-1] + ", ...]"
 
 
-def zero_why(x, i: int, start, grad) -> str:
+def zero_why(x, i: int, start, grad, p: int = 1) -> str:
     v = float(x[i])
     if v == 0.0:
         return "a padding zero; "
     if abs(v - float(start[i])) < 1e-12:
         return "it did not move; "
+    if p > 1 and abs(v - (float(start[i]) - LR * p * float(grad[i]))) < 1e-12:
+        return (f"it moved by {p}x the mean gradient: the sum over the ranks, reduce-scatter "
+                'with op="avg"; ')
     n = len(start)
     for j, k in [(j, k) for j in range(n) for k in range(n) if (j, k) != (i, i)]:
         if abs(v - (float(start[j]) - LR * float(grad[k]))) < 1e-12:

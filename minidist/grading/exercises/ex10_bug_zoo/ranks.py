@@ -161,10 +161,13 @@ def zero_case(comm, namespace, n: int, lr: float) -> dict:
     (name, elements): ZeRO's signature is a gradient reduce-scattered and shards
     all-gathered, never the whole gradient all-reduced."""
     calls: list[list] = []
+    gathered: list = []  # what each md.all_gather sent: the updated shard, not the gradient
 
     def record(name):
         def around(original, comm_, t, *args, **kwargs):
             calls.append([name, int(getattr(t, "numel", lambda: -1)())])
+            if name == "all_gather" and isinstance(t, torch.Tensor):
+                gathered.append(t.detach().clone())
             return original(comm_, t, *args, **kwargs)
         return around
 
@@ -172,7 +175,7 @@ def zero_case(comm, namespace, n: int, lr: float) -> dict:
         observe(getattr(api, name), record(name))
     params = zero_start(n)
     namespace["zero_sgd_step"](comm, params, zero_grad(n, comm.rank, comm.world_size), lr)
-    return {"params": params, "calls": calls}
+    return {"params": params, "calls": calls, "gathered": gathered}
 
 
 def zero_mean_grad(n: int, world_size: int) -> torch.Tensor:
@@ -212,19 +215,21 @@ def fp16_case(comm, namespace) -> list:
     return out
 
 
-def fp16_oracle(world_size: int) -> list[list[torch.Tensor]]:
+def fp16_oracle(world_size: int, ranks=None) -> list[list[torch.Tensor]]:
     """Float32 gradients of the same problem (the float16 model's outputs, every rank's
-    share averaged), applied to float32 masters: what loss scaling recovers."""
+    share averaged), applied to float32 masters: what loss scaling recovers. ``ranks``:
+    only those ranks' shares (one rank's alone: a step that never averaged)."""
     model = fp16_model()
     masters = [p.detach().float() for p in model.parameters()]
     grads = [torch.zeros_like(w) for w in masters]
-    for r in range(world_size):
+    ranks = range(world_size) if ranks is None else ranks
+    for r in ranks:
         x, y = fp16_data(r, model)
         with torch.no_grad():
             out = model(x).float()
         d = 2 * (out - y) / y.numel()  # d loss / d output, float32
-        grads[0] += d.T @ x.float() / world_size
-        grads[1] += d.sum(0) / world_size
+        grads[0] += d.T @ x.float() / len(ranks)
+        grads[1] += d.sum(0) / len(ranks)
     out = []
     for _ in range(FP16["steps"]):
         masters = [w - FP16["lr"] * g for w, g in zip(masters, grads)]
