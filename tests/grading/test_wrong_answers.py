@@ -81,6 +81,21 @@ def test_there_are_typical_wrong_answers_of_every_kind():
     assert len(WRONG) >= 50
 
 
+MIN_WRONG_PER_TEST = 10  # plausible wrong answers that must each lose a graded test's points
+
+
+def test_every_graded_test_has_ten_wrong_answers_that_lose_its_points():
+    from minidist.grading.registry import EXERCISES
+
+    counts = {(e, gid): 0 for e in EXERCISES for gid, t in stored_tests(e).items() if t.points}
+    for w in WRONG:
+        for gid in w.expect:
+            if (w.exercise, gid) in counts:  # practice checks (0 points) are not counted
+                counts[(w.exercise, gid)] += 1
+    short = {k: n for k, n in counts.items() if n < MIN_WRONG_PER_TEST}
+    assert not short, f"graded tests with fewer than {MIN_WRONG_PER_TEST} wrong answers: {short}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("wrong", WRONG, ids=[w.name for w in WRONG])
 def test_grader_sees_through(wrong, tmp_path, quick_deadlocks):
