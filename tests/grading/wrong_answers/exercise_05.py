@@ -106,6 +106,37 @@ WRONG = [
     Wrong("f_returns_x_reduces_in_place", EX, f_op(
         "        ctx.comm = comm\n        return x\n",
         "        md.all_reduce(ctx.comm, grad)\n        return grad, None\n"), passes=True),
+    Wrong("f_backward_no_gradient_for_comm", EX, f_op(
+        F_RIGHT_FORWARD, "        return md.all_reduce(ctx.comm, grad.clone())\n"),
+        {F_TEST: "returned an incorrect number of gradients (expected 2, got 1)",
+         MLP: "returned an incorrect number of gradients (expected 2, got 1)"}),
+    Wrong("f_reduce_to_rank_0", EX, f_op(
+        F_RIGHT_FORWARD, "        return md.reduce(ctx.comm, grad.clone(), dst=0), None\n"),
+        {F_TEST: "the values are right, but f's backward called md.reduce of 24 elements",
+         MLP: "and backward md.reduce of 48 elements"}),
+    Wrong("f_all_gather_and_sum", EX, f_op(
+        F_RIGHT_FORWARD,
+        "        return md.all_gather(ctx.comm, grad.contiguous()).sum(0), None\n"),
+        {F_TEST: "the values are right, but f's backward called md.all_gather of 24 elements",
+         MLP: "and backward md.all_gather of 48 elements"}),
+    Wrong("f_broadcast_rank_0", EX, f_op(
+        F_RIGHT_FORWARD, "        return md.broadcast(ctx.comm, grad.clone(), src=0), None\n"),
+        {F_TEST: "it is only this rank's own gradient, missing the all-reduce in backward",
+         MLP: "the gradients of the replicated input were not summed"}),
+    Wrong("f_all_reduce_max", EX, f_op(
+        F_RIGHT_FORWARD, "        return md.all_reduce(ctx.comm, grad.clone(), op='max'), None\n"),
+        {F_TEST: "backward all-reduced with op='max': op=\"max\" keeps one rank's value",
+         MLP: "backward all-reduced with op='max': x's gradient is the SUM over ranks"}),
+    Wrong("f_all_reduce_per_row", EX, f_op(F_RIGHT_FORWARD, """\
+        rows = [md.all_reduce(ctx.comm, row.clone()) for row in grad]
+        return torch.stack(rows), None
+"""), {F_TEST: "f's backward called md.all_reduce of 12 elements, md.all_reduce of 12 "
+               "elements", MLP: "backward md.all_reduce of 24 elements, md.all_reduce of 24"}),
+    Wrong("f_forward_returns_comm_too", EX, f_op(
+        "        ctx.comm = comm\n        return x.view_as(x), comm\n",
+        "        return md.all_reduce(ctx.comm, grad.clone()), None\n"),
+        {F_TEST: "forward returns one tensor of x's shape (2, 3, 4)",
+         MLP: "must be Tensor, not tuple"}),
     # -- part 3: g
     Wrong("g_no_all_reduce", EX, g_op("        return x.view_as(x)\n", G_RIGHT_BACKWARD),
           {G_TEST: "it is this rank's own partial sum", MLP: "it is this rank's partial result",
@@ -139,6 +170,37 @@ WRONG = [
          MLP: "is not allowed in this exercise", CE: "is not allowed in this exercise"}),
     Wrong("g_in_place", EX, g_op("        return md.all_reduce(comm, x)\n", G_RIGHT_BACKWARD),
           passes=True),
+    Wrong("g_reduce_to_rank_0", EX, g_op(
+        "        return md.reduce(comm, x.clone(), dst=0)\n", G_RIGHT_BACKWARD),
+        {G_TEST: "the values are right, but g's forward called md.reduce of 24 elements",
+         MLP: "forward called md.reduce of 48 elements", CE: "md.reduce of 12 elements"}),
+    Wrong("g_all_gather_and_sum", EX, g_op(
+        "        return md.all_gather(comm, x.contiguous()).sum(0)\n", G_RIGHT_BACKWARD),
+        {G_TEST: "the values are right, but g's forward called md.all_gather of 24 elements",
+         MLP: "forward called md.all_gather of 48 elements",
+         CE: "md.all_gather of 12 elements"}),
+    Wrong("g_reduce_scatter_then_all_gather", EX, g_op(
+        "        part = md.reduce_scatter(comm, x.reshape(-1).clone())\n"
+        "        return md.all_gather(comm, part).reshape(x.shape)\n", G_RIGHT_BACKWARD),
+        {G_TEST: "g's forward called md.reduce_scatter of 24 elements, md.all_gather of",
+         MLP: "forward called md.reduce_scatter of 48 elements",
+         CE: "md.reduce_scatter of 12 elements"}),
+    Wrong("g_backward_no_gradient", EX, g_op(G_RIGHT_FORWARD, "        return None, None\n"),
+          {G_TEST: "no gradient reached the input: return it from backward",
+           MLP: "the gradient of c_fc's weight shard is None",
+           CE: "the gradient of this rank's logits is None"}),
+    Wrong("g_backward_divided_by_world_size", EX, g_op(
+        "        ctx.p = comm.world_size\n" + G_RIGHT_FORWARD,
+        "        return grad / ctx.p, None\n"),
+        {G_TEST: "it is world_size times too small: backward divided the gradient",
+         MLP: "world_size times too small: the gradient was divided by world_size",
+         CE: "world_size times too small: the gradient was divided by world_size"}),
+    Wrong("g_backward_all_reduce_avg", EX, g_op(
+        "        ctx.comm = comm\n" + G_RIGHT_FORWARD,
+        "        return md.all_reduce(ctx.comm, grad.clone(), op='avg'), None\n"),
+        {G_TEST: "the values are right, but g's backward called md.all_reduce of 24 elements",
+         MLP: "and backward md.all_reduce of 48 elements, md.all_reduce of 48 elements",
+         CE: "and backward md.all_reduce of 12 elements"}),
     # -- part 4: the MLP
     Wrong("mlp_bias_on_every_rank", EX, mlp("""\
     x = CopyToParallel.apply(x, comm)

@@ -78,8 +78,9 @@ def _check_f(got: dict, rank: int, p: int, where: str) -> None:
     grad = got["grad"]
     want = sum(pattern(r, OPERATOR_SHAPE, torch.float64, p) for r in range(p))
     if not close(grad, want):
+        hint = f_grad_hint(grad, rank, p, got["calls"])
         raise Mistake(f"{where}: the gradient of x is {grad_text(grad)}, expected the sum of "
-                      f"every rank's gradient {values(want)}; {f_grad_hint(grad, rank, p)}")
+                      f"every rank's gradient {values(want)}; {hint}")
     _check_phases(got["calls"], {"forward": 0, "backward": 1}, "f", where)
 
 
@@ -187,7 +188,7 @@ def _check_mlp_grads(got: dict, want: dict, rank: int, p: int, where: str) -> No
     g, w = got["x_grad"], want["x_grad"]
     if not close(g, w):
         raise Mistake(f"{where}: the gradient of x is {values(g)}, expected {values(w)}; "
-                      f"{x_grad_hint(g, w, want['alone'][rank], p)}")
+                      f"{x_grad_hint(g, w, want['alone'][rank], p, got['calls'])}")
 
 
 def _check_mlp_calls(calls: list, numel: int, where: str) -> None:

@@ -48,10 +48,21 @@ def f_output_hint(y, x, p: int) -> str:
         "f's forward returns x unchanged"
 
 
-def f_grad_hint(grad, rank: int, p: int) -> str:
+def wrong_op(calls: list, phase: str) -> str | None:
+    """The op of the first all-reduce in ``phase`` that is not a sum, if any."""
+    return next((c["op"] for c in calls if c["phase"] == phase and c["name"] == "all_reduce"
+                 and c["op"] not in ("sum", "avg")), None)
+
+
+def f_grad_hint(grad, rank: int, p: int, calls: list = ()) -> str:
     if not isinstance(grad, torch.Tensor):
         return ("no gradient reached x: return the gradient for x (and None for comm) from "
                 "backward")
+    op = wrong_op(calls, "backward")
+    if op is not None:
+        return (f"backward all-reduced with op={op!r}: op=\"{op}\" keeps one rank's value "
+                "per element instead of combining them. x's gradient is the SUM of every "
+                "rank's part (op=\"sum\")")
     own = pattern(rank, OPERATOR_SHAPE, torch.float64, p)
     if close(grad, own):
         return ("it is only this rank's own gradient, missing the all-reduce in backward. "
@@ -84,6 +95,10 @@ def g_grad_hint(grad, upstream, p: int) -> str:
                 "already the full one, the same on every rank: pass it through unchanged")
     if not isinstance(grad, torch.Tensor):
         return "no gradient reached the input: return it from backward (and None for comm)"
+    if p > 1 and close(grad * p, upstream):
+        return ("it is world_size times too small: backward divided the gradient by "
+                "world_size. Each rank's partial result enters the sum once, so its "
+                "gradient is the incoming one, whole: g's backward is the identity")
     return "g's backward is the identity: return the incoming gradient"
 
 
@@ -110,7 +125,7 @@ def mlp_output_hint(y, want: dict, rank: int, p: int) -> str:
         "bias, g, then the bias")
 
 
-def x_grad_hint(g, w, alone, p: int) -> str:
+def x_grad_hint(g, w, alone, p: int, calls: list = ()) -> str:
     if not isinstance(g, torch.Tensor):
         return "x got no gradient: was it detached, or did f's backward return None for it?"
     if close(g, alone):
@@ -123,6 +138,10 @@ def x_grad_hint(g, w, alone, p: int) -> str:
     if close(g, w * p):
         return ("it is world_size times too large: the input's gradient was summed twice "
                 "(f twice, or an all-reduce in g's backward)")
+    op = wrong_op(calls, "backward")
+    if op is not None:
+        return (f"backward all-reduced with op={op!r}: x's gradient is the SUM over ranks "
+                "of each rank's part (f's backward, op=\"sum\")")
     return "x's gradient is the sum over ranks of each rank's part: f's backward"
 
 
@@ -138,6 +157,9 @@ def weight_hint(g, w, name: str, p: int) -> str:
     if close(g, w * p):
         return ("it is world_size times too large: the gradient was summed over ranks "
                 "(an all-reduce in g's backward?)")
+    if p > 1 and close(g * p, w):
+        return ("it is world_size times too small: the gradient was divided by world_size "
+                "on its way back (in g's backward?); g's backward is the identity")
     return ("it differs from the full MLP's gradient (this rank's block of it): each "
             "shard's gradient comes from this rank's own computation, with no all-reduce")
 
@@ -188,6 +210,9 @@ def ce_grad_hint(grad, want, p: int) -> str:
     if p > 1 and close(grad, want * p):
         return ("it is world_size times too large: the gradient was summed over ranks on "
                 "its way back (an all-reduce in g's backward?)")
+    if p > 1 and close(grad * p, want):
+        return ("it is world_size times too small: the gradient was divided by world_size "
+                "on its way back (in g's backward?); g's backward is the identity")
     return ("the gradient is (softmax(logits) - one_hot(target)) / positions: is the "
             "one-hot on the rank that holds the target word, and is the maximum (which only "
             "keeps exp in range) taken from logits.detach()?")
