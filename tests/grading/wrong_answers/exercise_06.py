@@ -141,4 +141,46 @@ def zero1_step(comm, params, grad, state, make_optimizer):
     mine = md.reduce_scatter(comm, bucket_grad, op="avg")
     grad_shard[:len(mine)] += mine
 """), {BUCKET: "3 of 3 values wrong: [0] = -3.5 (expected 2.25)"}),
+    Wrong("zero_bucket_whole_bucket_per_owner", EX, bucket("""\
+    for owner in range(p):
+        start, end = max(lo, owner * s), min(hi, (owner + 1) * s)
+        if start >= end:
+            continue
+        total = md.reduce(comm, bucket_grad.clone(), dst=owner)
+        if comm.rank == owner:
+            grad_shard[start - owner * s:end - owner * s] += total[start - lo:end - lo] / p
+"""), {BUCKET: "the gradient shards are right, but on rank 0 reduce_bucket(7, 10) called "
+               "md.reduce of 3 elements to rank 2, md.reduce of 3 elements to rank 3; the "
+               "bucket [7, 10) needs exactly md.reduce of 2 to rank 2, md.reduce of 1 to "
+               "rank 3"}),
+    Wrong("zero_bucket_padded_reduce_scatter", EX, bucket("""\
+    flat = torch.zeros(s * p, dtype=bucket_grad.dtype)
+    flat[lo:hi] = bucket_grad
+    grad_shard += md.reduce_scatter(comm, flat, op="avg")
+"""), {BUCKET: "reduce_bucket(7, 10) called md.reduce_scatter of 12 elements; the bucket "
+               "[7, 10) needs exactly md.reduce of 2 to rank 2, md.reduce of 1 to rank 3"}),
+    Wrong("zero_bucket_own_shard_first", EX, bucket(owners(
+        "grad_shard[start - owner * s:end - owner * s] += piece / p").replace(
+        "    for owner in range(p):\n",
+        "    for k in range(p):\n        owner = (comm.rank + k) % p\n")),
+        {BUCKET: "CollectiveMismatchError"}),
+    Wrong("zero_bucket_every_rank_adds", EX, bucket(owners(
+        "pass\n        grad_shard[start - owner * s:end - owner * s] += piece / p")),
+        {BUCKET: "Element i of grad_shard is flat element"}),
+    Wrong("zero_bucket_offset_from_bucket_start", EX, bucket(owners(
+        "grad_shard[start - lo:end - lo] += piece / p")),
+        {BUCKET: "at `grad_shard[start - lo:end - lo] += piece / p` (line 11 of cell 14): "
+                 "RuntimeError: The size of tensor a (2) must match the size of tensor b (3)"}),
+    Wrong("zero_bucket_avg_then_divided", EX, bucket(owners(
+        "grad_shard[start - owner * s:end - owner * s] += piece / p").replace(
+        "dst=owner)", "dst=owner, op=\"avg\")")),
+        {BUCKET: "holds the average divided by world_size once more: md.reduce with "
+                 "op=\"avg\" already divides"}),
+    Wrong("zero_bucket_no_skip_of_empty_overlaps", EX, bucket(owners(
+        "grad_shard[start - owner * s:end - owner * s] += piece / p").replace(
+        "        if start >= end:\n            continue\n", "")),
+        {BUCKET: "RuntimeError: The size of tensor a (0) must match the size of tensor b (2)"}),
+    Wrong("zero_bucket_avg_op", EX, bucket(owners(
+        "grad_shard[start - owner * s:end - owner * s] += piece").replace(
+        "dst=owner)", "dst=owner, op=\"avg\")")), passes=True),
 ]

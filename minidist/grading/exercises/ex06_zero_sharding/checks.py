@@ -1,6 +1,7 @@
 """Exercise 06's tests: the shard boundaries against ``md.ZeRO``'s layout, stage 1's step
 against one process stepping the whole vector with the averaged gradient, and (stretch) the
-gradient shards stage 2's bucket reduction leaves on each rank."""
+gradient shards stage 2's bucket reduction leaves on each rank, and the reduces that left them
+(one per owner the bucket overlaps, of the overlap's size, in owner order)."""
 
 from __future__ import annotations
 
@@ -173,8 +174,38 @@ def check_reduce_bucket(learner) -> str:
                           "time(s)): then every rank holds the averaged gradient of the "
                           "whole bucket, the memory stage 2 is there to save. Reduce each "
                           "rank's piece to that rank only (md.reduce with dst=owner)")
+        if p > 1:
+            for r in range(p):
+                _check_bucket_calls(results[r]["value"]["calls"], n, p, buckets, r, label)
     return ("every rank's gradient shard the average over the ranks, accumulated over two "
-            "backward passes of buckets that cross shard boundaries, 1 to 4 ranks")
+            "backward passes of buckets that cross shard boundaries, 1 to 4 ranks, by exactly "
+            "one md.reduce per owner of the bucket's overlap with its shard, in owner order")
+
+
+def _owner_pieces(n: int, p: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """(owner, start, end) of every shard the bucket [lo, hi) overlaps, in owner order."""
+    s = shard_numel(n, p)
+    pieces = [(q, max(lo, q * s), min(hi, (q + 1) * s)) for q in range(p)]
+    return [(q, a, b) for q, a, b in pieces if a < b]
+
+
+def _check_bucket_calls(made: list, n, p, buckets, r, label) -> None:
+    """Exactly one md.reduce per owner the bucket overlaps, of the overlap's size, to that
+    owner, in owner order (the same order on every rank), and no other collective."""
+    for (lo, hi), calls in zip(buckets, made):
+        want = [("reduce", b - a, q) for q, a, b in _owner_pieces(n, p, lo, hi)]
+        got = [(c["name"], c["numel"], c["dst"]) for c in calls]
+        if got == want:
+            continue
+        said = ", ".join(f"md.{c} of {k} element{'s' if k != 1 else ''}"
+                         + (f" to rank {d}" if c == "reduce" else "")
+                         for c, k, d in got) or "no collective"
+        need = ", ".join(f"md.reduce of {k} to rank {d}" for _, k, d in want)
+        raise Mistake(f"with {label}: the gradient shards are right, but on rank {r} "
+                      f"reduce_bucket({lo}, {hi}) called {said}; the bucket [{lo}, {hi}) "
+                      f"needs exactly {need}: one md.reduce per shard the bucket overlaps, of "
+                      "the overlap only, to its owner, in owner order (each element crosses "
+                      "the network once, to the one rank that keeps it)")
 
 
 def _check_shard(value, n, p, buckets, r, label) -> None:

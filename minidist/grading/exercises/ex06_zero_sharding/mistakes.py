@@ -56,5 +56,8 @@ def step_mistake(params, step: int, p: int, replay) -> str | None:
 def bucket_mistake(shard, p: int, replay) -> str | None:
     """Which known mistake's gradient shard ``shard`` is; ``replay(**keywords)`` is the
     reference's shard with those keywords."""
-    return diagnose(BUCKET_MISTAKES, shard,
+    twice = ({"scale": p * p}, "the average divided by world_size once more: md.reduce "
+                               "with op=\"avg\" already divides by world_size, so add the "
+                               "reduced piece as it is")
+    return diagnose([*BUCKET_MISTAKES, twice], shard,
                     lambda keywords: replay(**keywords) if p > 1 else None, tol=TOLERANCE)

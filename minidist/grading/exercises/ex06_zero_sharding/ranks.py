@@ -121,21 +121,46 @@ def step_case(comm, namespace, numel: int, optimizer: str) -> dict:
 BUCKET_PASSES = 2  # backward passes: the shard accumulates
 
 
+COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "reduce_scatter",
+               "all_gather", "gather", "scatter", "all_to_all")
+
+
+def _numel(t) -> int:
+    try:
+        if isinstance(t, (list, tuple)):
+            return sum(int(torch.as_tensor(x).numel()) for x in t)
+        return int(torch.as_tensor(t).numel())
+    except (TypeError, ValueError, RuntimeError):
+        return -1
+
+
 def bucket_case(comm, namespace, numel: int, buckets: list[tuple[int, int]]) -> dict:
     """Every bucket of ``BUCKET_PASSES`` backward passes through the learner's
-    ``reduce_bucket``, into one gradient shard; the shard, and how many times
-    ``md.all_reduce`` ran (under any name)."""
+    ``reduce_bucket``, into one gradient shard; the shard, how many times ``md.all_reduce``
+    ran (under any name), and every collective each call of the first pass made (name,
+    elements, and the destination of a reduce)."""
     fn, r = namespace["reduce_bucket"], comm.rank
     grad_shard = torch.zeros(shard_numel(numel, comm.world_size), dtype=torch.float64)
-    calls = []
+    calls, made = [], []
 
-    def around(original, *args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
+    def recorder(name):
+        def around(original, *args, **kwargs):
+            if name == "all_reduce":
+                calls.append(1)
+            dst = kwargs.get("dst", args[2] if len(args) > 2 else 0)
+            made.append({"name": name, "numel": _numel(args[1] if len(args) > 1 else None),
+                         "dst": dst if name == "reduce" else None})
+            return original(*args, **kwargs)
+        return around
 
-    observe(api.all_reduce, around)
+    for name in COLLECTIVES:
+        observe(getattr(api, name), recorder(name))
+    per_bucket = []
     for step in range(BUCKET_PASSES):
         full = rank_grad(r, numel, step)
         for lo, hi in buckets:
+            made.clear()
             fn(comm, full[lo:hi].clone(), lo, grad_shard)
-    return {"grad_shard": grad_shard, "all_reduces": len(calls)}
+            if step == 0:
+                per_bucket.append(list(made))
+    return {"grad_shard": grad_shard, "all_reduces": len(calls), "calls": per_bucket}
