@@ -54,6 +54,53 @@ WRONG = [
     return coords_of(rank, shape)
 """), {COORDS: "minidist.parallel.mesh.coords_of is not allowed in this exercise",
        GROUPS: "minidist.parallel.mesh.coords_of is not allowed in this exercise"}),
+    Wrong("coords_stride_counts_its_own_size", EX, coords("""\
+    out, stride = {}, 1
+    for name in reversed(list(shape)):
+        stride *= shape[name]
+        out[name] = rank // stride % shape[name]
+    return {name: out[name] for name in shape}
+"""), {COORDS: "the strides are one dimension off: stride_d is the product of the sizes "
+               "AFTER d", GROUPS: "rank 0 is alone in its group"}),
+    Wrong("coords_keys_in_reverse_order", EX, coords("""\
+    out, stride = {}, 1
+    for name in reversed(list(shape)):
+        out[name] = rank // stride % shape[name]
+        stride *= shape[name]
+    return out
+"""), {COORDS: "expected a dict of dimension name -> coordinate with the keys ['dp', 'pp', "
+               "'tp'], in order"}),
+    Wrong("coords_modulo_only", EX, coords("""\
+    return {name: rank % size for name, size in shape.items()}
+"""), {COORDS: "rank % size is the coordinate of the last dimension only",
+       GROUPS: "ValueError: color must be a non-negative int or None, got"}),
+    Wrong("coords_tensor_values", EX, coords("""\
+    sizes = list(shape.values())
+    mesh = torch.arange(torch.tensor(sizes).prod()).reshape(sizes)
+    return dict(zip(shape, (mesh == rank).nonzero()[0]))
+"""), {COORDS: "whose coordinates are Tensor; expected Python ints",
+       GROUPS: "ValueError: color must be a non-negative int or None, got"}),
+    Wrong("coords_true_division", EX, coords("""\
+    out, stride = {}, 1
+    for name in reversed(list(shape)):
+        out[name] = rank / stride % shape[name]
+        stride *= shape[name]
+    return {name: out[name] for name in shape}
+"""), {COORDS: "whose coordinates are float; expected Python ints: use integer division",
+       GROUPS: "ValueError: color must be a non-negative int or None, got"}),
+    Wrong("coords_dimensions_sorted_by_name", EX, coords("""\
+    out, stride = {}, 1
+    for name in sorted(shape, reverse=True):
+        out[name] = rank // stride % shape[name]
+        stride *= shape[name]
+    return {name: out[name] for name in shape}
+"""), {COORDS: "that is the layout of the dimensions sorted by name",
+       GROUPS: "ValueError: color must be a non-negative int or None, got"}),
+    Wrong("coords_fixed_dp_pp_tp", EX, coords("""\
+    pp, tp = shape.get("pp", 1), shape.get("tp", 1)
+    return {"dp": rank // (pp * tp), "pp": rank // tp % pp, "tp": rank % tp}
+"""), {COORDS: "expected a dict of dimension name -> coordinate with the keys ['dp', 'tp'], "
+               "in order", GROUPS: "ValueError: color must be a non-negative int or None, got"}),
     Wrong("groups_color_and_key_swapped", EX, groups(STRIDES + """\
     return {name: comm.split(color=coords[name], key=comm.rank - coords[name] * strides[name])
             for name in shape}
@@ -132,5 +179,34 @@ WRONG = [
 """), {SYNC: "minidist.parallel.hybrid.average_gradients is not allowed in this exercise"}),
     Wrong("dpsync_coalesced", EX, sync("""\
     md.all_reduce_coalesced(groups["dp"], grads, op="avg")
+"""), passes=True),
+    Wrong("dpsync_flat_buffer_not_copied_back", EX, sync("""\
+    flat = torch.cat([grad.reshape(-1) for grad in grads])
+    md.all_reduce(groups["dp"], flat, op="avg")
+"""), {SYNC: "the gradient is unchanged: average it in place over the dp group"}),
+    Wrong("dpsync_all_gather_mean", EX, sync("""\
+    for grad in grads:
+        grad.copy_(md.all_gather(groups["dp"], grad).mean(0))
+"""), {SYNC: "the averages are right, but rank 0's sync_gradients called md.all_gather of 5 "
+             "elements on the dp group"}),
+    Wrong("dpsync_reduce_then_broadcast", EX, sync("""\
+    for grad in grads:
+        md.reduce(groups["dp"], grad, dst=0, op="avg")
+        md.broadcast(groups["dp"], grad, src=0)
+"""), {SYNC: "called md.reduce of 5 elements on the dp group, md.broadcast of 5 elements"}),
+    Wrong("dpsync_once_per_dimension", EX, sync("""\
+    for name in groups:
+        for grad in grads:
+            md.all_reduce(groups["dp"], grad, op="avg")
+"""), {SYNC: "needs exactly one md.all_reduce per gradient, of its size, on groups['dp']"}),
+    Wrong("dpsync_element_by_element", EX, sync("""\
+    for grad in grads:
+        for value in grad.view(-1):
+            md.all_reduce(groups["dp"], value, op="avg")
+"""), {SYNC: "called md.all_reduce of 1 elements on the dp group, md.all_reduce of 1"}),
+    Wrong("dpsync_flat_buffer", EX, sync("""\
+    flat = md.all_reduce(groups["dp"], torch.cat([g.reshape(-1) for g in grads]), op="avg")
+    for grad, piece in zip(grads, flat.split([g.numel() for g in grads])):
+        grad.copy_(piece.view_as(grad))
 """), passes=True),
 ]

@@ -1,15 +1,18 @@
 """Exercise 07's tests: a rank's coordinates in the mesh, the groups ``mesh_groups`` builds
 (every group all-reduces a one-hot vector of the global rank, so a wrong group is named by
-the ranks it really holds) and gradients averaged over the dp groups only."""
+the ranks it really holds) and gradients averaged over the dp groups only, by exactly one
+all-reduce per gradient (or one of them all) on the dp group (``ranks.record_calls``)."""
 
 from __future__ import annotations
 
+import math
 import numbers
 
 from ...engine.compare import Tolerance, isclose
 from ...engine.feedback import Mistake
 from .mistakes import coords_hint, group_hint, sync_hint
 from .ranks import (
+    GRAD_SHAPES,
     expected_grads,
     groups_case,
     reference_coords,
@@ -19,8 +22,8 @@ from .ranks import (
 )
 
 COORD_SHAPES = [{"dp": 2, "pp": 2, "tp": 2}, {"dp": 4, "tp": 2}, {"pp": 3, "tp": 2},
-                {"dp": 2, "pp": 3, "tp": 4}, {"tp": 2, "dp": 3}, {"dp": 1, "pp": 8},
-                {"dp": 2, "pp": 1, "tp": 4}, {"dp": 5}, {"dp": 1, "tp": 1}]
+                {"dp": 2, "pp": 3, "tp": 4}, {"pp": 2, "dp": 3, "tp": 2}, {"tp": 2, "dp": 3},
+                {"dp": 1, "pp": 8}, {"dp": 2, "pp": 1, "tp": 4}, {"dp": 5}, {"dp": 1, "tp": 1}]
 GROUP_CASES = {8: [{"dp": 2, "pp": 2, "tp": 2}, {"dp": 4, "tp": 2}, {"pp": 1, "tp": 8},
                    {"dp": 2, "pp": 1, "tp": 4}, {"tp": 2, "dp": 4}],
                6: [{"dp": 3, "tp": 2}, {"pp": 2, "dp": 3}, {"dp": 1, "pp": 3, "tp": 2}]}
@@ -50,6 +53,11 @@ def _as_coords(got, shape: dict, label: str) -> dict:
         got = dict(zip(shape, got))
     ok = isinstance(got, dict) and list(got) == list(shape) and all(
         isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in got.values())
+    if isinstance(got, dict) and list(got) == list(shape) and not ok:
+        kinds = sorted({type(v).__name__ for v in got.values()})
+        raise Mistake(f"with {label}: mesh_coords returned {got!r:.80}, whose coordinates are "
+                      f"{', '.join(kinds)}; expected Python ints: use integer division, "
+                      "rank // stride (/ gives a float), and int(...) on a tensor's element")
     if not ok:
         raise Mistake(f"with {label}: mesh_coords returned {got!r:.80}, expected a dict of "
                       f"dimension name -> coordinate with the keys {list(shape)}, in order")
@@ -99,8 +107,9 @@ def check_sync_gradients(learner) -> str:
             sync_case, "sync_gradients", _worlds(SYNC_CASES), _label):
         for rank, result in enumerate(results):
             _judge_sync(result["value"], rank, shape, label)
-    return ("every gradient the average over its dp group only, in place, in 5 meshes of "
-            "6 and 8 ranks")
+    return ("every gradient the average over its dp group only, in place, by one "
+            "all-reduce per gradient (or one of them all) on the dp group and nothing else, "
+            "in 5 meshes of 6 and 8 ranks")
 
 
 def _judge_sync(got: dict, rank: int, shape: dict, label: str) -> None:
@@ -119,6 +128,28 @@ def _judge_sync(got: dict, rank: int, shape: dict, label: str) -> None:
                           'gradient in place (md.all_reduce(group, g, op="avg") writes into g, '
                           "or g.copy_(...))")
         raise Mistake(f"{where}: {sync_hint(got, rank, shape, (j, i, value), world)}")
+    _check_sync_calls(got["calls"], rank, label)
+
+
+def _check_sync_calls(calls: list, rank: int, label: str) -> None:
+    """The right averages, by exactly the communication they need: one all-reduce per
+    gradient, of its size (or one of them all: a flat buffer or md.all_reduce_coalesced), on
+    the dp group, and nothing else."""
+    sizes = [math.prod(s) if isinstance(s, tuple) else s for s in GRAD_SHAPES]
+    on_dp = all(c["group"] == "dp" for c in calls)
+    reduces = all(c["name"] in ("all_reduce", "all_reduce_coalesced") for c in calls)
+    numel = sorted(c["numel"] for c in calls)
+    if on_dp and reduces and (numel == sorted(sizes) or numel == [sum(sizes)]):
+        return
+    said = ", ".join(f"md.{c['name']} of {c['numel']} elements on the {c['group']} group"
+                     if c["group"] != "another communicator" else
+                     f"md.{c['name']} of {c['numel']} elements on another communicator"
+                     for c in calls) or "no collective"
+    raise Mistake(f"with {label}: the averages are right, but rank {rank}'s sync_gradients "
+                  f"called {said}; averaging {len(sizes)} gradients of {sizes} elements needs "
+                  "exactly one md.all_reduce per gradient, of its size, on groups['dp'] (or "
+                  "one of them all, flattened), and no other collective: each extra call is "
+                  "another round of latency on every step")
 
 
 

@@ -45,6 +45,19 @@ def coords_hint(got: dict, rank: int, shape: dict) -> str:
     if got == {n: rank // s for n, s in strides.items()}:
         return ("rank // stride counts every step of the dimensions before it too: take it "
                 "modulo the dimension's size, (rank // stride) % size")
+    if got == {n: rank // (s * shape[n]) % shape[n] for n, s in strides.items()}:
+        return ("the strides are one dimension off: stride_d is the product of the sizes "
+                "AFTER d, not counting d's own size (the last dimension's stride is 1): here "
+                f"the strides are {strides}")
+    if len(shape) > 1 and got == {n: rank % shape[n] for n in shape}:
+        return ("rank % size is the coordinate of the last dimension only: divide by the "
+                "dimension's stride first, (rank // stride) % size, with stride the product "
+                f"of the sizes after it: here the strides are {strides}")
+    ordered = {n: shape[n] for n in sorted(shape)}
+    if list(ordered) != list(shape) and got == reference_coords(rank, ordered):
+        return ("that is the layout of the dimensions sorted by name: the mesh's dimensions "
+                f"are in the order shape gives them ({list(shape)}; a dict keeps its order), "
+                "whatever their names, the last one fastest")
     return (f"coordinate d is (rank // stride_d) % size_d, where stride_d is the product of "
             f"the sizes after d: here the strides are {strides}")
 

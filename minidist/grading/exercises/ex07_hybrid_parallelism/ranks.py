@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from ....collectives import all_reduce
+from ....collectives import all_reduce, api
 from ....comm import Communicator
 from ...engine.data import pattern
+from ...engine.sandbox import observe
 
 Shape = dict[str, int]
 
@@ -104,22 +105,58 @@ def grads_of(rank: int, world: int) -> list[torch.Tensor]:
     return [pattern(rank, n, torch.float64, world) for n in GRAD_SHAPES]
 
 
+COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "reduce_scatter",
+               "all_gather", "gather", "scatter", "all_to_all")
+
+
+def _numel(t) -> int:
+    try:
+        if isinstance(t, (list, tuple)):
+            return sum(int(torch.as_tensor(x).numel()) for x in t)
+        return int(torch.as_tensor(t).numel())
+    except (TypeError, ValueError, RuntimeError):
+        return -1
+
+
+def record_calls(groups: dict) -> list[dict]:
+    """From now on, every collective call of this rank: its name, the group it ran on (a
+    name of ``groups``, else "another communicator") and its elements."""
+    made = []
+
+    def recorder(name):
+        def around(original, *args, **kwargs):
+            comm = args[0] if args else kwargs.get("comm")
+            group = next((n for n, g in groups.items() if g is comm), "another communicator")
+            made.append({"name": name, "group": group,
+                         "numel": _numel(args[1] if len(args) > 1 else None)})
+            return original(*args, **kwargs)
+        return around
+
+    for name in COLLECTIVES:
+        observe(getattr(api, name), recorder(name))
+    return made
+
+
 def sync_case(comm, namespace, shape: Shape) -> dict:
-    """The learner's ``sync_gradients`` on the grader's own groups; the gradients after it."""
+    """The learner's ``sync_gradients`` on the grader's own groups; the gradients after it,
+    and every collective it called."""
     groups = {}
     for name in shape:  # the grader's groups, built with split as the exercise describes
         members = reference_group(comm.rank, shape, name)
         groups[name] = comm.split(color=members[0], key=members.index(comm.rank))
     grads = grads_of(comm.rank, comm.world_size)
     originals = list(grads)  # the caller's tensors (a model's p.grad): judged, not the list
+    made = record_calls(groups)
     returned = namespace["sync_gradients"](groups, grads)
+    made = list(made)
     if isinstance(returned, (list, tuple)) and all(isinstance(t, torch.Tensor)
                                                    for t in returned):
         returned = [t.detach().clone() for t in returned]
     else:
         returned = None
     return {"grads": [g.detach().clone() for g in originals], "returned": returned,
-            "replaced": [j for j, (a, b) in enumerate(zip(originals, grads)) if a is not b]}
+            "replaced": [j for j, (a, b) in enumerate(zip(originals, grads)) if a is not b],
+            "calls": made}
 
 
 def expected_grads(rank: int, shape: dict) -> list[torch.Tensor]:
