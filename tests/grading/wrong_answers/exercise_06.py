@@ -119,7 +119,11 @@ def zero1_step(comm, params, grad, state, make_optimizer):
         {STEP: "the parameters did not change: update params in place"}),
     Wrong("zero_step_all_reduce", EX, step(
         "    shard.grad = md.all_reduce(comm, flat_grad, op=\"avg\")[start:end].clone()\n"),
-        passes=True),
+        {STEP: "called md.all_reduce of 12, md.all_gather of 3 (elements sent); stage 1 "
+               "needs exactly md.reduce_scatter of the padded gradient (12 elements"}),
+    Wrong("zero_step_gathers_twice", EX, step(
+        AVERAGE, gather=GATHER + "    md.all_gather(comm, shard.detach())\n"),
+        {STEP: "One all-gather of the updated shards already gives every rank every value"}),
     Wrong("zero_step_library", EX, {"zero1_step": """\
 def zero1_step(comm, params, grad, state, make_optimizer):
     if not state:

@@ -9,7 +9,14 @@ import torch
 
 from ...engine.compare import close, compare
 from ...engine.feedback import Mistake
-from .mistakes import TOLERANCE, bounds_hint, bucket_mistake, step_mistake, unequal_hint
+from .mistakes import (
+    TOLERANCE,
+    bounds_hint,
+    bucket_mistake,
+    step_calls_hint,
+    step_mistake,
+    unequal_hint,
+)
 from .ranks import (
     BUCKET_PASSES,
     OPTIMIZERS,
@@ -88,9 +95,30 @@ def check_zero1_step(learner) -> str:
         _check_optimizers(got, n, p, label)
         _check_same_everywhere(got, n, p, opt, label)
         _check_values(got[0]["history"], n, p, opt, label)
+        if p > 1:
+            for r, v in enumerate(got):
+                _check_step_calls(v["calls"], n, p, r, label)
     return ("one process's parameters after 3 steps of SGD with momentum and of AdamW on 1 to "
             "4 ranks, sizes that do not divide by the world size; each rank's optimizer over "
-            "its shard only")
+            "its shard only; per step exactly one reduce-scatter of the padded gradient and "
+            "one all-gather of the shard")
+
+
+def _check_step_calls(steps: list, n, p, r, label) -> None:
+    """Stage 1's communication, exactly: one md.reduce_scatter of the padded gradient (s * p
+    elements), then one md.all_gather of this rank's shard (s), and nothing else."""
+    s = shard_numel(n, p)
+    want = [("reduce_scatter", s * p), ("all_gather", s)]
+    for step, calls in enumerate(steps):
+        got = [(c["name"], c["numel"]) for c in calls]
+        if got == want:
+            continue
+        said = ", ".join(f"md.{c} of {k}" for c, k in got) or "no collective"
+        raise Mistake(f"with {label}: the parameters are right, but step {step + 1} on rank {r} "
+                      f"called {said} (elements sent); stage 1 needs exactly md.reduce_scatter "
+                      f"of the padded gradient ({s * p} elements: each rank receives only its "
+                      f"shard of the average) and then md.all_gather of its shard ({s}). "
+                      + step_calls_hint(got))
 
 
 def _check_optimizers(got, n, p, label) -> None:

@@ -61,3 +61,18 @@ def bucket_mistake(shard, p: int, replay) -> str | None:
                                "reduced piece as it is")
     return diagnose([*BUCKET_MISTAKES, twice], shard,
                     lambda keywords: replay(**keywords) if p > 1 else None, tol=TOLERANCE)
+
+
+def step_calls_hint(got: list[tuple[str, int]]) -> str:
+    """Why a stage-1 step's collectives are not one reduce-scatter and one all-gather."""
+    names = [c for c, _ in got]
+    if "all_reduce" in names:
+        return ("An all-reduce and a slice gives the same numbers, but it moves twice the "
+                "bytes of a reduce-scatter and leaves every rank the whole averaged gradient, "
+                "which stage 1 never needs")
+    if names.count("all_gather") > 1 or "broadcast" in names:
+        return "One all-gather of the updated shards already gives every rank every value"
+    if len(got) == 2 and names == ["reduce_scatter", "all_gather"]:
+        return ("The sizes are off: pad the gradient to world_size * shard before the "
+                "reduce-scatter, and gather only this rank's shard")
+    return "Average with the reduce-scatter first, then gather the updated shards"

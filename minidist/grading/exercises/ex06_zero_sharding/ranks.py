@@ -99,11 +99,14 @@ def optimizer_problem(sizes: list[int], steps: int, numel: int, p: int, rank: in
 
 def step_case(comm, namespace, numel: int, optimizer: str) -> dict:
     """``STEPS`` calls of the learner's ``zero1_step`` on this rank; the parameters after
-    each and the sizes of the optimizers it built. If the step fails and its optimizer's
-    size says why, that is the error (``ShardMistake``)."""
+    each, the sizes of the optimizers it built and the collectives of each step (name,
+    elements sent). If the step fails and its optimizer's size says why, that is the error
+    (``ShardMistake``)."""
     fn, log = namespace["zero1_step"], OptimizerLog(optimizer)
-    params, state, history = initial_params(numel), {}, []
+    params, state, history, calls = initial_params(numel), {}, [], []
+    record(calls)
     for step in range(STEPS):
+        calls.append([])
         try:
             fn(comm, params, rank_grad(comm.rank, numel, step), state, log)
         except CommTimeout:
@@ -115,7 +118,7 @@ def step_case(comm, namespace, numel: int, optimizer: str) -> dict:
                                    f"{type(e).__name__}: {e})") from e
             raise
         history.append(params.detach().clone())
-    return {"history": history, "sizes": log.sizes, "step": STEPS}
+    return {"history": history, "sizes": log.sizes, "step": STEPS, "calls": calls}
 
 
 BUCKET_PASSES = 2  # backward passes: the shard accumulates
@@ -132,6 +135,18 @@ def _numel(t) -> int:
         return int(torch.as_tensor(t).numel())
     except (TypeError, ValueError, RuntimeError):
         return -1
+
+
+def record(steps: list) -> None:
+    """Append each md collective this process calls (name, elements sent) to ``steps[-1]``."""
+    def recorder(name):
+        def around(original, *args, **kwargs):
+            steps[-1].append({"name": name, "numel": _numel(args[1] if len(args) > 1 else None)})
+            return original(*args, **kwargs)
+        return around
+
+    for name in COLLECTIVES:
+        observe(getattr(api, name), recorder(name))
 
 
 def bucket_case(comm, namespace, numel: int, buckets: list[tuple[int, int]]) -> dict:
