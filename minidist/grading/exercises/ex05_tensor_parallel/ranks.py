@@ -1,6 +1,6 @@
 """What runs on each rank in exercise 05's tests: the test MLP, its data, its reference
 shards, and a record of every collective the learner's code calls and whether forward or
-backward called it (``Calls``, through ``sandbox.observe``, so however
+backward called it (``Calls``, through ``engine.calls``, so however
 the learner imported ``md.all_reduce``).
 
 Everything is float64 and drawn from fixed generators, so the grader's process rebuilds the
@@ -12,15 +12,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ....collectives import api
+from ...engine.calls import record_collectives
 from ...engine.data import pattern
-from ...engine.sandbox import observe
 
 H, HIDDEN, BATCH, SEQ = 8, 32, 2, 3  # the MLP: h -> 4h -> h on a (batch, seq, h) input
 POSITIONS, VOCAB = 12, 32  # the cross-entropy: 12 positions over 32 words
 OPERATOR_SHAPE = (2, 3, 4)
-COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "reduce", "gather", "scatter",
-               "reduce_scatter", "all_to_all", "all_reduce_coalesced")
 
 
 def mlp_weights() -> tuple[torch.Tensor, ...]:
@@ -71,25 +68,8 @@ class Calls:
 
     def __init__(self) -> None:
         self.phase, self.calls = "forward", []
-        for name in COLLECTIVES:
-            observe(getattr(api, name), self._around(name))
-
-    def _around(self, name: str):
-        def around(original, comm, t, *args, **kwargs):
-            op = kwargs.get("op", args[0] if args and name == "all_reduce" else "sum")
-            self.calls.append({"name": name, "phase": self.phase, "numel": _numel(t),
-                               "op": op if isinstance(op, str) else repr(op)})
-            return original(comm, t, *args, **kwargs)
-        return around
-
-
-def _numel(t) -> int:
-    try:
-        if isinstance(t, (list, tuple)):
-            return sum(int(torch.as_tensor(x).numel()) for x in t)
-        return int(torch.as_tensor(t).numel())
-    except (TypeError, ValueError, RuntimeError):
-        return -1
+        record_collectives(lambda c: self.calls.append(
+            {"name": c.name, "phase": self.phase, "numel": c.numel, "op": c.op}))
 
 
 def _leaf(t: torch.Tensor) -> torch.Tensor:

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from ....collectives import api
 from ....errors import CommTimeout
-from ...engine.sandbox import observe
+from ...engine.calls import record_collectives
 
 STEPS = 3  # optimizer steps per case: momentum and Adam's moments must carry over
 OPTIMIZERS = {  # name -> (description, factory over a list of tensors)
@@ -124,29 +123,9 @@ def step_case(comm, namespace, numel: int, optimizer: str) -> dict:
 BUCKET_PASSES = 2  # backward passes: the shard accumulates
 
 
-COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "reduce_scatter",
-               "all_gather", "gather", "scatter", "all_to_all")
-
-
-def _numel(t) -> int:
-    try:
-        if isinstance(t, (list, tuple)):
-            return sum(int(torch.as_tensor(x).numel()) for x in t)
-        return int(torch.as_tensor(t).numel())
-    except (TypeError, ValueError, RuntimeError):
-        return -1
-
-
 def record(steps: list) -> None:
     """Append each md collective this process calls (name, elements sent) to ``steps[-1]``."""
-    def recorder(name):
-        def around(original, *args, **kwargs):
-            steps[-1].append({"name": name, "numel": _numel(args[1] if len(args) > 1 else None)})
-            return original(*args, **kwargs)
-        return around
-
-    for name in COLLECTIVES:
-        observe(getattr(api, name), recorder(name))
+    record_collectives(lambda c: steps[-1].append({"name": c.name, "numel": c.numel}))
 
 
 def bucket_case(comm, namespace, numel: int, buckets: list[tuple[int, int]]) -> dict:
@@ -158,18 +137,12 @@ def bucket_case(comm, namespace, numel: int, buckets: list[tuple[int, int]]) -> 
     grad_shard = torch.zeros(shard_numel(numel, comm.world_size), dtype=torch.float64)
     calls, made = [], []
 
-    def recorder(name):
-        def around(original, *args, **kwargs):
-            if name == "all_reduce":
-                calls.append(1)
-            dst = kwargs.get("dst", args[2] if len(args) > 2 else 0)
-            made.append({"name": name, "numel": _numel(args[1] if len(args) > 1 else None),
-                         "dst": dst if name == "reduce" else None})
-            return original(*args, **kwargs)
-        return around
+    def recorder(c) -> None:
+        if c.name == "all_reduce":
+            calls.append(1)
+        made.append({"name": c.name, "numel": c.numel, "dst": c.dst})
 
-    for name in COLLECTIVES:
-        observe(getattr(api, name), recorder(name))
+    record_collectives(recorder)
     per_bucket = []
     for step in range(BUCKET_PASSES):
         full = rank_grad(r, numel, step)

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from ....collectives import all_reduce, api
+from ....collectives import all_reduce
 from ....comm import Communicator
+from ...engine.calls import record_collectives
 from ...engine.data import pattern
-from ...engine.sandbox import observe
 
 Shape = dict[str, int]
 
@@ -105,35 +105,16 @@ def grads_of(rank: int, world: int) -> list[torch.Tensor]:
     return [pattern(rank, n, torch.float64, world) for n in GRAD_SHAPES]
 
 
-COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "reduce_scatter",
-               "all_gather", "gather", "scatter", "all_to_all")
-
-
-def _numel(t) -> int:
-    try:
-        if isinstance(t, (list, tuple)):
-            return sum(int(torch.as_tensor(x).numel()) for x in t)
-        return int(torch.as_tensor(t).numel())
-    except (TypeError, ValueError, RuntimeError):
-        return -1
-
-
 def record_calls(groups: dict) -> list[dict]:
     """From now on, every collective call of this rank: its name, the group it ran on (a
     name of ``groups``, else "another communicator") and its elements."""
     made = []
 
-    def recorder(name):
-        def around(original, *args, **kwargs):
-            comm = args[0] if args else kwargs.get("comm")
-            group = next((n for n, g in groups.items() if g is comm), "another communicator")
-            made.append({"name": name, "group": group,
-                         "numel": _numel(args[1] if len(args) > 1 else None)})
-            return original(*args, **kwargs)
-        return around
+    def recorder(c) -> None:
+        group = next((n for n, g in groups.items() if g is c.comm), "another communicator")
+        made.append({"name": c.name, "group": group, "numel": c.numel})
 
-    for name in COLLECTIVES:
-        observe(getattr(api, name), recorder(name))
+    record_collectives(recorder)
     return made
 
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ....collectives import api
+from ...engine.calls import record_collectives
 from ...engine.data import flag_value
-from ...engine.sandbox import observe
 
 SCHEDULE_CASES = [  # (label, init_scale, growth_factor, backoff_factor, growth_interval, flags)
     ("torch's defaults (init_scale=65536, growth_factor=2.0, backoff_factor=0.5, "
@@ -89,34 +88,11 @@ def schedule_run(namespace, init, growth, backoff, interval, flags) -> list:
     return out
 
 
-COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "reduce", "gather", "scatter",
-               "reduce_scatter", "all_to_all", "all_reduce_coalesced")
-
-
-def _numel(t) -> int:
-    try:
-        if isinstance(t, (list, tuple)):
-            return sum(int(torch.as_tensor(x).numel()) for x in t)
-        return int(torch.as_tensor(t).numel())
-    except (TypeError, ValueError, RuntimeError):
-        return -1
-
-
 def record_calls() -> list[dict]:
     """From now on in this process, every md collective call (however imported) appends
     {"name", "numel", "op"} to the list returned."""
     calls: list[dict] = []
-
-    def around_of(name: str):
-        def around(original, comm, t, *args, **kwargs):
-            op = kwargs.get("op", args[0] if args and name == "all_reduce" else "sum")
-            calls.append({"name": name, "numel": _numel(t),
-                          "op": op if isinstance(op, str) else repr(op)})
-            return original(comm, t, *args, **kwargs)
-        return around
-
-    for name in COLLECTIVES:
-        observe(getattr(api, name), around_of(name))
+    record_collectives(lambda c: calls.append({"name": c.name, "numel": c.numel, "op": c.op}))
     return calls
 
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import torch
 
-from ....collectives import api
 from ....errors import CommTimeout
+from ...engine.calls import record_collectives
 from ...engine.compare import Tolerance
 from ...engine.compare import close as _close
 from ...engine.data import flag_value, pattern
-from ...engine.sandbox import observe
 
 
 def close(a, b, tol: float = 1e-9) -> bool:
@@ -163,16 +162,12 @@ def zero_case(comm, namespace, n: int, lr: float) -> dict:
     calls: list[list] = []
     gathered: list = []  # what each md.all_gather sent: the updated shard, not the gradient
 
-    def record(name):
-        def around(original, comm_, t, *args, **kwargs):
-            calls.append([name, int(getattr(t, "numel", lambda: -1)())])
-            if name == "all_gather" and isinstance(t, torch.Tensor):
-                gathered.append(t.detach().clone())
-            return original(comm_, t, *args, **kwargs)
-        return around
+    def record(c) -> None:
+        calls.append([c.name, c.numel if isinstance(c.sent, torch.Tensor) else -1])
+        if c.name == "all_gather" and isinstance(c.sent, torch.Tensor):
+            gathered.append(c.sent.detach().clone())
 
-    for name in ZERO_WATCHED:
-        observe(getattr(api, name), record(name))
+    record_collectives(record, ZERO_WATCHED)
     params = zero_start(n)
     namespace["zero_sgd_step"](comm, params, zero_grad(n, comm.rank, comm.world_size), lr)
     return {"params": params, "calls": calls, "gathered": gathered}
