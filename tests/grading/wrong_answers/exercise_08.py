@@ -277,7 +277,8 @@ WRONG = [
         md.all_reduce(comm, flag, op="max")
     return bool(flag.item())
 """), {AGREE: "with world_size=2, only rank 1 found an inf: ",  # then who waited: timing
-       STEP: "scaled_step",
+       STEP: "returned from",  # "deadlock in scaled_step: rank 0 returned from scaled_step"
+                               # or "rank 0 returned from its function while rank 1 waited"
        MASTER: "ranks disagreed on skipping at step 3"},
         timeout=60.0),
     Wrong("agree_coalesced_avg", EX, agree("""\
