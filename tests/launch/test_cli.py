@@ -101,15 +101,16 @@ NO_CLOSE = textwrap.dedent("""
 
 def test_torch_script_exits_cleanly_without_close(tmp_path):
     """A correct script that never calls comm.close() exits 0 every time (issue 10, item
-    2: it aborted with signal 6 in about half the runs at -n 3)."""
+    2: it aborted with signal 6 in about half the runs at -n 3; 6 runs miss that with
+    chance 1/64, at about 13 s a run)."""
     path = tmp_path / "no_close.py"
     path.write_text(NO_CLOSE)
     codes = []
-    for _ in range(10):
+    for _ in range(6):
         proc = _minidist("run", "-n", "3", "--backend", "torch", str(path))
         codes.append(proc.returncode)
         assert proc.returncode != 0 or "rank 2 [27.0, 27.0, 27.0]" in proc.stdout
-    assert codes == [0] * 10, codes
+    assert codes == [0] * 6, codes
 
 
 @pytest.mark.parametrize("backend", ["local", "torch"])
