@@ -276,7 +276,7 @@ WRONG = [
     if found_inf:  # only a rank with news has to tell the others
         md.all_reduce(comm, flag, op="max")
     return bool(flag.item())
-"""), {AGREE: "with world_size=2, only rank 1 found an inf: ",  # then who waited: timing
+"""), {AGREE: "found an inf",  # the case and who waited for whom: both timing
        STEP: "returned from",  # "deadlock in scaled_step: rank 0 returned from scaled_step"
                                # or "rank 0 returned from its function while rank 1 waited"
        MASTER: "ranks disagreed on skipping at step 3"},
