@@ -6,7 +6,8 @@ the notebook the wrong answer started from (test_notebooks.py grades those)."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 
 import nbformat
 import pytest
@@ -96,9 +97,14 @@ def test_every_graded_test_has_ten_wrong_answers_that_lose_its_points():
 
 # Fixtures graded at once. A grading mostly waits (on its ranks, its children's start, a
 # deadlock's timeout): one at a time keeps a 2-core machine about half busy. The cheats that
-# kill or outlive processes run alone, before the others start.
+# kill or outlive processes run alone, before the others start. The others are graded in
+# worker processes, not threads: CPython 3.11 keeps the AST constructor's recursion depth in
+# interpreter-wide state, so two threads in ast.parse at once (the grader reading a notebook,
+# pytest formatting a failure) can raise "SystemError: AST constructor recursion depth
+# mismatch" (python/cpython#106905), which ended a CI run with an INTERNALERROR.
 CONCURRENT = 2
 ALONE = {w.name for w in isolation_cheats.WRONG}
+QUICK_DEADLOCK = 2.0  # seconds a learner's receive waits before the grader calls it a deadlock
 
 
 def _grade(wrong, root):
@@ -108,19 +114,25 @@ def _grade(wrong, root):
     return grade_notebook(path, timeout=wrong.timeout, only=affected_tests(wrong))
 
 
+def _start_worker():
+    learner.COMM_TIMEOUT = QUICK_DEADLOCK
+    warm()
+
+
 @pytest.fixture(scope="module")
 def reports(request, tmp_path_factory):
-    """The report of each selected fixture: the lone ones graded first, then the others
-    CONCURRENT at a time in the background, in test order; a test waits for its own."""
+    """The report of each selected fixture: the lone ones graded first, here, then the others
+    CONCURRENT at a time in worker processes, in test order; a test waits for its own."""
     selected = [item.callspec.params["wrong"] for item in request.session.items
                 if getattr(item, "originalname", "") == "test_grader_sees_through"]
     root, saved = tmp_path_factory.mktemp("wrong"), learner.COMM_TIMEOUT
-    learner.COMM_TIMEOUT = 2.0  # quick deadlocks
-    warm()
+    _start_worker()
     alone = {w.name: _grade(w, root) for w in selected if w.name in ALONE}
-    pool = ThreadPoolExecutor(CONCURRENT)
-    later = {w.name: pool.submit(_grade, w, root) for w in selected if w.name not in ALONE}
-    yield lambda w: alone[w.name] if w.name in alone else later[w.name].result()
+    later = [w for w in selected if w.name not in ALONE]
+    pool = ProcessPoolExecutor(min(CONCURRENT, max(len(later), 1)), initializer=_start_worker,
+                               mp_context=multiprocessing.get_context("spawn"))
+    futures = {w.name: pool.submit(_grade, w, root) for w in later}
+    yield lambda w: alone[w.name] if w.name in alone else futures[w.name].result()
     pool.shutdown(cancel_futures=True)
     learner.COMM_TIMEOUT = saved
 
