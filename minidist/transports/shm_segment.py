@@ -23,7 +23,8 @@ has attached (when the creator removes the name itself). So before the name exis
 creator starts a guard (``_NameGuard``): a ``sh`` in a session of its own that waits on a
 pipe only the creator (and the ranks it forks) hold. When they are all gone, SIGKILL
 included, the pipe closes and the guard removes the name; when the creator removes the
-name itself, it stops the guard.
+name itself, it stops the guard. A killer of process trees (the grader's time limit,
+``grading/engine/fresh.py``) must spare the guard: ``is_name_guard`` tells it one.
 """
 
 from __future__ import annotations
@@ -340,6 +341,22 @@ class _NameGuard:
                 self.proc.stdin.close()
             except OSError:
                 pass
+
+
+def is_name_guard(pid: int) -> bool:
+    """Whether ``pid`` is a segment's name guard that ends by itself: the guard's exact
+    command line, stdin an anonymous pipe read-only, stdout and stderr ``/dev/null``, no
+    other file open. So a look-alike that holds a write end (or reads a file) is not spared."""
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[:-1]
+        fds = {int(fd): os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        flags = open(f"/proc/{pid}/fdinfo/0").read().split("flags:")[1].split()[0]
+    except (OSError, IndexError, ValueError):
+        return False
+    return (argv[:4] == [b"/bin/sh", b"-c", _NameGuard.SCRIPT.encode(), b"md-guard"]
+            and len(argv) == 5 and argv[4].startswith(b"md-") and sorted(fds) == [0, 1, 2]
+            and fds[0].startswith("pipe:") and fds[1] == fds[2] == os.devnull
+            and int(flags, 8) & os.O_ACCMODE == os.O_RDONLY)
 
 
 def _align(n: int, a: int) -> int:

@@ -296,3 +296,30 @@ def test_a_stuck_answer_ends_when_the_grader_is_killed_outright(tmp_path):
     finally:
         grader.kill()
         grader.wait()
+
+
+def _creates_a_segment_and_hangs(path: str):
+    from minidist.transports.shm_segment import Segment
+
+    seg = Segment.create(2)  # named and guarded; its ranks would attach, then it unlinks
+    with open(path, "w") as f:
+        f.write(seg.name)
+    time.sleep(600)  # killed here, before any rank attached: the name is still there
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_a_segment_named_when_the_limit_kills_its_creator_is_removed(tmp_path, fresh):
+    """A test killed while its ranks start (a busy machine) has a segment's name in
+    /dev/shm; the name's guard must outlive the kill and remove it (it ends with the pipe
+    its creator held, not by the grader's hand)."""
+    path = tmp_path / "name"
+    with pytest.raises(ChildTimeout):
+        run_in_child(_creates_a_segment_and_hangs, (str(path),), limit=3.0, fresh=fresh)
+    shm = "/dev/shm/" + path.read_text().lstrip("/")
+    deadline = time.monotonic() + 5
+    while os.path.exists(shm) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    leaked = os.path.exists(shm)
+    if leaked:
+        os.unlink(shm)
+    assert not leaked, f"{shm} outlived the test that created it"

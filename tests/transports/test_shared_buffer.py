@@ -76,3 +76,36 @@ def test_the_guard_removes_the_name_when_the_maker_is_killed():
     while os.path.exists("/dev/shm" + name) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not os.path.exists("/dev/shm" + name)
+
+
+def test_a_tree_killer_can_tell_a_name_guard_from_a_look_alike(tmp_path):
+    """``is_name_guard`` (the grader's time limit spares what it says): the real guard
+    ends by itself once its pipe's writers are gone; a look-alike holding its own stdin open
+    (a FIFO opened read-write, or the pipe's write end on its stdout) never would, so it is
+    not spared."""
+    import subprocess
+
+    from minidist.transports.shm_segment import _NameGuard, is_name_guard
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    both_ends = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # its own reader and writer
+    script = ["/bin/sh", "-c", _NameGuard.SCRIPT, "md-guard", "md-0-look-alike"]
+    buf = SharedBuffer.create(4096)
+    fake = subprocess.Popen(script, stdin=both_ends, stdout=subprocess.DEVNULL)
+    os.close(both_ends)
+    r, w = os.pipe()  # a guard's stdin, but it holds the write end itself on stdout
+    writer = subprocess.Popen(script, stdin=r, stdout=w)
+    os.close(r), os.close(w)
+    plain = subprocess.Popen(["/bin/sh", "-c", "read -r _"], stdin=subprocess.PIPE)
+    try:
+        time.sleep(0.2)  # the shells are up
+        assert is_name_guard(buf.guard.proc.pid)
+        assert not any(is_name_guard(p.pid) for p in (fake, writer, plain))
+        assert not is_name_guard(os.getpid())
+    finally:
+        for p in (fake, writer, plain):
+            p.kill()
+            p.wait()
+        plain.stdin.close()
+        buf.unlink()

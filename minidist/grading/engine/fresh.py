@@ -25,6 +25,8 @@ import signal
 import time
 from multiprocessing import forkserver, spawn
 
+from ...transports.shm_segment import is_name_guard
+
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 _PRELOAD = ["minidist.grading.engine.preload"]
 _context = None
@@ -77,10 +79,13 @@ def members(pid: int) -> set[int]:
 
 
 def end_tree(pid: int, include_self: bool = True) -> None:
-    """Stop, then kill, ``pid`` (if ``include_self``), its session and its descendants."""
+    """Stop, then kill, ``pid`` (if ``include_self``), its session and its descendants,
+    sparing shared-memory name guards: each removes its segment's name once the processes
+    killed here are gone (``transports/shm_segment.py``); killed, it would leave the name."""
     stopped: set[int] = set()
     for _ in range(20):  # until no new process appears: stopped ones cannot fork
-        doomed = (members(pid) | ({pid} if include_self else set())) - stopped
+        found = members(pid) | ({pid} if include_self else set())
+        doomed = {p for p in found - stopped if not is_name_guard(p)}
         if not doomed:
             break
         for p in doomed:
