@@ -12,6 +12,11 @@
   widget; an untrusted notebook (a fresh clone) and a code host's viewer show the picture.
 
 ``fn`` draws with matplotlib and ends with ``plt.show()``, as ``ipywidgets.interact`` expects.
+
+* ``machine(ranks)``: this machine's cores and the CPU that *other* work takes now, for the
+  cells that read a measurement against a prediction. Not the load average: that counts
+  the lesson's own ranks for a minute after they end, so a quiet 2-core machine that just
+  ran 4 ranks reads as busy.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import contextlib
 import io
 import os
 import time
+from dataclasses import dataclass
 
 LIVE_NOTE = "(a live widget: run this cell in Jupyter to get the controls)"
 
@@ -30,6 +36,55 @@ def quick_mode() -> bool:
     the exercises and the benches (``--quick``) all ask here."""
     return os.environ.get("MINIDIST_QUICK", "") not in ("", "0") or \
         os.environ.get("CI", "").lower() in ("1", "true")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """``cores`` this process may run on, ``other``: cores' worth of CPU that other processes
+    used while this one slept, ``ranks``: how many ranks the measurement ran."""
+
+    cores: int
+    other: float
+    ranks: int
+
+    @property
+    def busy(self) -> bool:
+        """Other work takes cores the ranks need: at least half a core of it, and fewer free
+        cores than ranks (a many-core laptop with a browser open is not busy for 4 ranks)."""
+        return self.other >= 0.5 and self.cores - self.other < self.ranks
+
+    def __str__(self) -> str:
+        return (f"{self.cores} cores for {self.ranks} rank{'s' if self.ranks > 1 else ''}, "
+                f"other work using {self.other:.1f} of them")
+
+
+def machine(ranks: int, seconds: float = 0.5) -> Machine:
+    """Sample what other processes run over ``seconds`` (see ``Machine``)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return Machine(cores, round(other_work(seconds), 2), ranks)
+
+
+def other_work(seconds: float) -> float:
+    """Cores' worth of CPU used by every process but this one, over ``seconds`` of sleep:
+    the busy share of ``/proc/stat``'s CPU time (Linux), else ``psutil``, else the load
+    average (which also counts ranks that ended less than a minute ago)."""
+    def stat() -> tuple[float, float, float]:
+        with open("/proc/stat") as f:
+            user, nice, system, idle, iowait, *rest = map(int, f.readline().split()[1:9])
+        own = sum(os.times()[:2])  # this process's user + system seconds
+        return user + nice + system + sum(rest), idle + iowait, own
+
+    try:
+        (b0, i0, own0), _, (b1, i1, own1) = stat(), time.sleep(seconds), stat()
+    except (OSError, ValueError):
+        try:
+            import psutil
+        except ImportError:
+            return max(0.0, os.getloadavg()[0] - 1)  # one: this process's own work
+        return psutil.cpu_percent(interval=seconds) / 100 * (os.cpu_count() or 1)
+    busy, total = b1 - b0, (b1 - b0) + (i1 - i0)
+    everyone = busy / total * (os.cpu_count() or 1) if total > 0 else 0.0
+    return max(0.0, everyone - (own1 - own0) / seconds)
 
 
 def in_notebook() -> bool:

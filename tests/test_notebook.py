@@ -1,5 +1,7 @@
 """minidist.notebook: the lessons' progress bars and widgets with a static fallback."""
 
+import time
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -35,3 +37,38 @@ def test_the_display_bundle_offers_widget_picture_and_text():
 
 def test_progress_outside_a_notebook_yields_every_item_in_order():
     assert list(notebook.progress(range(5), desc="x")) == [0, 1, 2, 3, 4]
+
+
+def test_the_machine_is_busy_only_when_other_work_takes_cores_the_ranks_need():
+    assert notebook.Machine(cores=2, other=2.0, ranks=2).busy
+    assert notebook.Machine(cores=2, other=0.6, ranks=2).busy
+    assert not notebook.Machine(cores=2, other=0.3, ranks=4).busy  # only its own ranks: quiet
+    assert not notebook.Machine(cores=16, other=1.5, ranks=4).busy  # cores to spare
+    assert str(notebook.Machine(2, 0.04, 4)) == "2 cores for 4 ranks, other work using 0.0 of them"
+
+
+def test_other_work_sees_a_busy_process_and_not_this_one():
+    """The reading the lessons print beside a measurement: a busy-looping process is other
+    work; this process's own thread is not (the load average counts both, and the lesson's
+    ranks for a minute after they end)."""
+    import subprocess
+    import sys
+    import threading
+
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        with_hog = notebook.other_work(1.0)
+    finally:
+        hog.kill()
+        hog.wait()
+    stop = threading.Event()
+    spinner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)])
+    spinner.start()
+    try:
+        with_spinner = notebook.other_work(1.0)
+    finally:
+        stop.set()
+        spinner.join()
+    assert with_hog >= 0.5, with_hog  # a busy loop gets at least half a core of two
+    assert with_spinner < with_hog - 0.3, (with_spinner, with_hog)
