@@ -20,11 +20,11 @@ Where futexes are missing (macOS) the sleep degrades to short naps.
 
 The segment's name must not outlive its creator, whatever kills it, even before every rank
 has attached (when the creator removes the name itself). So before the name exists, the
-creator starts a guard (``_NameGuard``): a ``sh`` in a session of its own that waits on a
+creator starts a guard (``NameGuard``): a ``sh`` in a session of its own that waits on a
 pipe only the creator (and the ranks it forks) hold. When they are all gone, SIGKILL
 included, the pipe closes and the guard removes the name; when the creator removes the
-name itself, it stops the guard. A killer of process trees (the grader's time limit,
-``grading/engine/fresh.py``) must spare the guard: ``is_name_guard`` tells it one.
+name itself, it stops the guard (``name_guard.py``, with ``is_name_guard`` for a killer
+of process trees, the grader's time limit, which must spare it).
 """
 
 from __future__ import annotations
@@ -34,12 +34,13 @@ import mmap
 import os
 import platform
 import secrets
-import subprocess
 import sys
 import time
 
 import numpy as np
 import torch
+
+from .name_guard import NameGuard
 
 try:
     import _posixshmem  # CPython's shm_open/shm_unlink, also on macOS
@@ -82,7 +83,7 @@ def _shm_free_bytes() -> int:
 class Segment:
     """The mapped segment; ``create`` makes a new one, ``attach`` maps an existing one."""
 
-    name_guard: _NameGuard | None = None
+    name_guard: NameGuard | None = None
 
     def __init__(self, name: str, mm: mmap.mmap, world_size: int, ring_bytes: int, owner: bool,
                  scratch_bytes: int = 0):
@@ -120,7 +121,7 @@ class Segment:
             raise MemoryError(f"/dev/shm has {_shm_free_bytes() >> 20} MiB free, the local "
                               f"backend needs {size >> 20} MiB for {world_size} ranks")
         name = f"/md-{os.getpid()}-{secrets.token_hex(4)}"
-        name_guard = _NameGuard.start(name) if guard else None  # before the name exists
+        name_guard = NameGuard.start(name) if guard else None  # before the name exists
         try:
             mm = _create_mapped(name, size)
         except BaseException:
@@ -235,12 +236,12 @@ class SharedBuffer:
     transport's ``"shared_memory"`` capability (the parameter server keeps its shards and
     the workers' gradient slots in one, ``parallel/param_server/shared_shards.py``).
 
-    ``create(nbytes)`` makes one, guarded like the transport's segment (``_NameGuard``), so
+    ``create(nbytes)`` makes one, guarded like the transport's segment (``NameGuard``), so
     the name cannot outlive its creator; the others ``attach(name)``; once every rank has
     attached, the creator calls ``unlink()`` and the memory lives on, nameless, until the
     last process unmaps it. ``key`` is the name as two ints (for ``all_gather_ints``)."""
 
-    def __init__(self, name: str, mm: mmap.mmap, guard: _NameGuard | None = None):
+    def __init__(self, name: str, mm: mmap.mmap, guard: NameGuard | None = None):
         self.name, self.mm, self.guard = name, mm, guard
 
     @classmethod
@@ -250,7 +251,7 @@ class SharedBuffer:
             raise MemoryError(f"/dev/shm has {_shm_free_bytes() >> 20} MiB free; a shared "
                               f"buffer of {size >> 20} MiB does not fit")
         name = cls.name_of((os.getpid(), int(secrets.token_hex(4), 16)))
-        guard = _NameGuard.start(name)  # before the name exists
+        guard = NameGuard.start(name)  # before the name exists
         try:
             return cls(name, _create_mapped(name, size), guard)
         except BaseException:
@@ -306,57 +307,6 @@ def _create_mapped(name: str, size: int) -> mmap.mmap:
         raise
     finally:
         os.close(fd)
-
-
-class _NameGuard:
-    """A ``sh`` that removes ``/dev/shm/<name>`` once the pipe on its stdin closes: when
-    every process holding the write end (the creator and the ranks it forked) is gone."""
-
-    SCRIPT = 'read -r _; rm -f "/dev/shm/$1"'
-
-    def __init__(self, proc: subprocess.Popen):
-        self.proc = proc
-
-    @classmethod
-    def start(cls, name: str) -> _NameGuard | None:
-        if not os.path.isdir("/dev/shm") or not os.path.exists("/bin/sh"):
-            return None  # no /dev/shm (macOS): nothing to guard this way
-        try:
-            proc = subprocess.Popen(["/bin/sh", "-c", cls.SCRIPT, "md-guard", name.lstrip("/")],
-                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True)
-        except OSError:
-            return None
-        return cls(proc)
-
-    def stop(self) -> None:
-        """The creator removed the name itself: end the guard (it would remove no name)."""
-        try:
-            self.proc.kill()
-        except OSError:
-            pass
-        self.proc.wait()
-        if self.proc.stdin is not None:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
-
-
-def is_name_guard(pid: int) -> bool:
-    """Whether ``pid`` is a segment's name guard that ends by itself: the guard's exact
-    command line, stdin an anonymous pipe read-only, stdout and stderr ``/dev/null``, no
-    other file open. So a look-alike that holds a write end (or reads a file) is not spared."""
-    try:
-        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[:-1]
-        fds = {int(fd): os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
-        flags = open(f"/proc/{pid}/fdinfo/0").read().split("flags:")[1].split()[0]
-    except (OSError, IndexError, ValueError):
-        return False
-    return (argv[:4] == [b"/bin/sh", b"-c", _NameGuard.SCRIPT.encode(), b"md-guard"]
-            and len(argv) == 5 and argv[4].startswith(b"md-") and sorted(fds) == [0, 1, 2]
-            and fds[0].startswith("pipe:") and fds[1] == fds[2] == os.devnull
-            and int(flags, 8) & os.O_ACCMODE == os.O_RDONLY)
 
 
 def _align(n: int, a: int) -> int:

@@ -85,12 +85,12 @@ def test_a_tree_killer_can_tell_a_name_guard_from_a_look_alike(tmp_path):
     not spared."""
     import subprocess
 
-    from minidist.transports.shm_segment import _NameGuard, is_name_guard
+    from minidist.transports.name_guard import NameGuard, is_name_guard
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     both_ends = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # its own reader and writer
-    script = ["/bin/sh", "-c", _NameGuard.SCRIPT, "md-guard", "md-0-look-alike"]
+    script = NameGuard.command("md-0-look-alike")
     buf = SharedBuffer.create(4096)
     fake = subprocess.Popen(script, stdin=both_ends, stdout=subprocess.DEVNULL)
     os.close(both_ends)

@@ -25,7 +25,7 @@ import signal
 import time
 from multiprocessing import forkserver, spawn
 
-from ...transports.shm_segment import is_name_guard
+from ...transports.name_guard import is_name_guard
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 _PRELOAD = ["minidist.grading.engine.preload"]
